@@ -1,0 +1,52 @@
+"Issue 5's experiment notebooks, run with papermill on the micro project, checked against the library."
+import os, subprocess, sys
+import pandas as pd
+import pytest, torch
+
+from fusion_nb.algebra import TaskVector, cosine
+from fusion_nb.profiles import load_profile
+from fusion_nb.pools import ModelPool, PRETRAINED
+
+def run_nb(micro_project, tmp_path, name, *params):
+    out = tmp_path/name
+    args = [sys.executable, '-m', 'papermill', str(micro_project/'nbs'/'experiments'/f'{name}.ipynb'), str(tmp_path/f'{name}.run.ipynb'),
+            '-k', 'python3', '-p', 'profile', 'micro-test', '-p', 'output_dir', str(out), *params]
+    r = subprocess.run(args, env={**os.environ, 'FUSION_NB_ROOT': str(micro_project)}, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+def test_multi_task_table_single_method_row(micro_project, tmp_path):
+    out = run_nb(micro_project, tmp_path, '01_multi_task_merging', '-p', 'method', 'ties_merging', '-p', 'scaling_factor', '0.5')
+    table = pd.read_csv(out/'table_ties_merging.csv', index_col=0)
+    assert list(table.index) == ['Ties-Merging'] and list(table.columns) == ['shapes', 'colors', 'Avg.']
+    rec = pd.read_csv(out/'results_ties_merging.csv')
+    assert set(rec['method']) == {'ties_merging'} and "'scaling_factor': 0.5" in rec['hparams'].iloc[0]
+
+def test_multi_task_table_all_rows(micro_project, tmp_path):
+    out = run_nb(micro_project, tmp_path, '01_multi_task_merging')
+    table = pd.read_csv(out/'table.csv', index_col=0)
+    assert list(table.index) == ['Pre-trained', 'Fine-tuned (STL)', 'Simple Averaging', 'Task Arithmetic', 'Ties-Merging',
+                                 'DARE (TA)', 'DELLA', 'Model Stock', 'Ensemble (outputs)']
+    assert table.loc['Ensemble (outputs)', 'Gap to ensemble'] == pytest.approx(0)
+    gap = table.loc['Simple Averaging', 'Avg.'] - table.loc['Ensemble (outputs)', 'Avg.']
+    assert table.loc['Simple Averaging', 'Gap to ensemble'] == pytest.approx(gap)
+    assert (out/'average_accuracy.png').exists()
+
+def test_scaling_sweep(micro_project, tmp_path):
+    out = run_nb(micro_project, tmp_path, '02_scaling_sweeps', '-y', 'lambdas: [0.0, 0.5]')
+    sweep = pd.read_csv(out/'table.csv', index_col=0)
+    assert list(sweep.index) == ['task_arithmetic', 'ties_merging'] and list(sweep.columns) == ['λ=0', 'λ=0.5']
+    # λ = 0 is the pretrained model for both methods
+    assert sweep.loc['task_arithmetic', 'λ=0'] == pytest.approx(sweep.loc['ties_merging', 'λ=0'])
+    assert (out/'scaling_sweeps.png').exists()
+
+def test_task_vector_cosine(micro_project, tmp_path):
+    out = run_nb(micro_project, tmp_path, '03_task_vector_cosine')
+    sim = pd.read_csv(out/'table.csv', index_col=0)
+    p = load_profile('micro-test', settings=micro_project/'settings.ini')
+    mp = ModelPool.from_profile(p)
+    pre = mp.vision_state(PRETRAINED)
+    a, b = (TaskVector.from_models(pre, mp.vision_state(t)) for t in ['shapes', 'colors'])
+    flat = lambda tv: torch.cat([tv[k].double().flatten() for k in sorted(tv)])
+    ref = float(torch.nn.functional.cosine_similarity(flat(a), flat(b), dim=0))
+    assert sim.loc['shapes', 'colors'] == pytest.approx(ref, abs=1e-6) and sim.loc['colors', 'colors'] == 1.0
