@@ -5,7 +5,7 @@ Builds nine `CLIPVisionModel` checkpoints with the real ViT-B/32 vision config (
 locally, ~88M parameters, ~350 MB each): one "pretrained" and eight "experts". Each measurement runs in
 its own subprocess, so its peak memory is its own. Measured, in the same run:
 
-- probe:       read every tensor of every checkpoint once (LazyStateDict), doing nothing else — the floor;
+- probe:       read every tensor of every checkpoint once (LazyStateDict) and sum it — the floor;
 - baseline:    load all nine models fully into memory, then merge with task arithmetic in memory;
 - task_arithmetic, ties_tensor, ties_model: the library's streaming merges (fusion_nb.merge).
 
@@ -66,9 +66,9 @@ def measure(folder: Path, what: str):
         if what == 'probe':
             total = 0.0
             for sd in [pre, *experts.values()]:
-                for k in sd: total += float(sd[k].view(-1)[0])
+                for k in sd: total += float(sd[k].sum())  # touches every byte (tensors may be memory-mapped)
         elif what == 'baseline':
-            full = [{k: sd[k] for k in sd} for sd in [pre, *experts.values()]]
+            full = [{k: sd[k].clone() for k in sd} for sd in [pre, *experts.values()]]  # own copies, as load_state_dict makes
             merged = {k: full[0][k] + 0.3 * sum(m[k] - full[0][k] for m in full[1:]) for k in full[0]}
         elif what == 'task_arithmetic': merged = task_arithmetic(pre, experts, scaling_factor=0.3, progress=False)
         elif what == 'ties_tensor': merged = ties_merging(pre, experts, trim_scope='tensor', progress=False)
