@@ -121,3 +121,12 @@ def test_individual_experiment_runs_with_papermill(micro_project, tmp_path):
     assert table.loc['Fine-tuned (STL)', 'colors'] == pytest.approx(100 * ft.query("task == 'colors'")['value'].iloc[0])
     assert table.loc['Pre-trained', 'Avg.'] == pytest.approx(table.loc['Pre-trained', ['shapes', 'colors']].mean())
     assert (out/'individual_accuracy.png').exists() and (out/'table.md').exists()
+
+def test_ensemble_method_spec_is_evaluated_like_a_list(pools):
+    from fusion_nb.merge import merge
+    p, mp, tp = pools
+    experts = {t: mp.vision_state(t) for t in ['shapes', 'colors']}
+    spec = merge('ensemble', mp.vision_state(PRETRAINED), experts)
+    a = evaluate({'e': spec}, mp, tp, progress=False)
+    b = evaluate({'e': ['shapes', 'colors']}, mp, tp, combine=spec.combine, progress=False)
+    pd.testing.assert_frame_equal(a, b, atol=1e-5, rtol=1e-5)
