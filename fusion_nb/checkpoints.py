@@ -6,10 +6,10 @@ Docs: https://fusion-nb.github.io/fusion_nb/checkpoints.html.md"""
 
 # %% ../nbs/02_checkpoints.ipynb #d778c6be
 from __future__ import annotations
-import json, os
+import contextlib, copy, json, os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 from torch import Tensor
@@ -18,14 +18,16 @@ from safetensors.torch import save_file
 from transformers import CLIPConfig, CLIPVisionConfig, CLIPVisionModel
 
 from .core import FusionError, IncompatibleModelsError, atomic_dir, atomic_write, get_device, get_dtype
-from .algebra import materialize
+from .algebra import materialize, tensor_meta
 
 # %% auto #0
-__all__ = ['VISION_PREFIX', 'is_local_source', 'hub_offline', 'resolve_model_dir', 'LazyStateDict', 'vision_state_dict',
-           'vision_config', 'load_vision_model', 'save_state_dict', 'save_vision_model']
+__all__ = ['VISION_PREFIX', 'POSITION_IDS', 'is_local_source', 'hub_offline', 'resolve_model_dir', 'LazyStateDict',
+           'vision_state_dict', 'vision_config', 'check_vision_state_dict', 'load_vision_model', 'save_state_dict',
+           'save_vision_model']
 
 # %% ../nbs/02_checkpoints.ipynb #f94184a7
-_HUB_PATTERNS = ['*.json', '*.safetensors', '*.txt', '*.model', 'merges.txt', 'vocab.json']
+_HUB_PATTERNS = ['*.json', '*.safetensors', '*.txt', '*.model']
+_WEIGHT_GLOBS = ('*.safetensors', '*.bin')
 
 def is_local_source(source:str|Path)->bool:
     "Is `source` a filesystem path (starts with ./, ../, / or ~, or exists) rather than a hub id?"
@@ -33,36 +35,62 @@ def is_local_source(source:str|Path)->bool:
     return isinstance(source, Path) or s.startswith(('./', '../', '/', '~')) or Path(s).exists()
 
 def hub_offline()->bool:
-    "True when `HF_HUB_OFFLINE` is set to a true value."
-    return os.environ.get('HF_HUB_OFFLINE', '0').strip().lower() in ('1', 'true', 'yes', 'on')
+    "True when the Hugging Face Hub must not be contacted (`HF_HUB_OFFLINE` set now or when huggingface_hub was imported)."
+    if os.environ.get('HF_HUB_OFFLINE', '0').strip().lower() in ('1', 'true', 'yes', 'on'): return True
+    from huggingface_hub import constants
+    return bool(constants.HF_HUB_OFFLINE)
+
+def _hub_advice(source:str)->str:
+    return (f"Run on a machine with hub access, pre-download it (`hf download {source}`), "
+            "or point the profile at a local directory (a path starting with ./ or /).")
+
+def _has_weights(d:Path)->bool:
+    return any(any(d.glob(g)) for g in _WEIGHT_GLOBS)
 
 def resolve_model_dir(source:str|Path, # hub id ('openai/clip-vit-base-patch32') or local directory
                       revision:str|None=None, # hub revision (branch, tag or commit)
+                      cache_dir:str|Path|None=None, # Hugging Face cache (default: huggingface_hub's)
                      )->Path:
     "The local directory holding `source`'s files, downloading hub ids into the HF cache when online."
     if is_local_source(source):
         p = Path(source).expanduser()
-        if not p.exists(): raise FusionError(f"model directory {str(source)!r} does not exist")
+        if not p.exists(): raise FusionError(f"model directory {str(source)!r} does not exist (looked for {p.resolve()})")
         return p
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-    offline = hub_offline()
+    from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+    source, offline = str(source), hub_offline()
+    def _get(patterns):
+        return Path(snapshot_download(source, revision=revision, cache_dir=cache_dir, allow_patterns=patterns,
+                                      local_files_only=offline))
     try:
-        d = Path(snapshot_download(str(source), revision=revision, allow_patterns=_HUB_PATTERNS, local_files_only=offline))
-        if not any(d.glob('*.safetensors')):  # an old repository with only pickled weights
-            d = Path(snapshot_download(str(source), revision=revision, allow_patterns=_HUB_PATTERNS + ['*.bin'], local_files_only=offline))
-        return d
-    except LocalEntryNotFoundError:
+        d = _get(_HUB_PATTERNS)
+        if not any(d.glob('*.safetensors')): d = _get(_HUB_PATTERNS + ['*.bin'])  # an old repo with pickled weights only
+    except HFValidationError:
+        raise FusionError(f"{source!r} is neither an existing directory nor a hub id ('owner/name'); "
+                          "write local paths as ./path or /path") from None
+    except LocalEntryNotFoundError as e:
         if offline:
             raise FusionError(f"model {source!r} is not in the local Hugging Face cache and the hub is offline "
-                              "(HF_HUB_OFFLINE=1). Run on a machine with hub access, pre-download it with "
-                              f"`huggingface-cli download {source}`, or point the profile at a local directory.") from None
-        raise
+                              f"(HF_HUB_OFFLINE=1). {_hub_advice(source)}") from None
+        raise FusionError(f"model {source!r} could not be fetched from the Hugging Face Hub and is not cached "
+                          f"({type(e).__name__}). {_hub_advice(source)}") from e
+    except (RepositoryNotFoundError, GatedRepoError) as e:
+        raise FusionError(f"model {source!r} was not found on the Hugging Face Hub, or it is private/gated "
+                          f"(log in with `hf auth login` if you have access): {type(e).__name__}") from e
+    except RevisionNotFoundError as e:
+        raise FusionError(f"model {source!r} has no revision {revision!r} on the Hugging Face Hub") from e
+    if offline and not _has_weights(d):
+        raise FusionError(f"model {source!r} is only partly in the local Hugging Face cache ({d} holds no weights) "
+                          f"and the hub is offline (HF_HUB_OFFLINE=1). {_hub_advice(source)}")
+    return d
 
-# %% ../nbs/02_checkpoints.ipynb #bbfa4b8e
+# %% ../nbs/02_checkpoints.ipynb #a169779e
 _ST_DTYPES = {'F64': torch.float64, 'F32': torch.float32, 'F16': torch.float16, 'BF16': torch.bfloat16,
               'I64': torch.int64, 'I32': torch.int32, 'I16': torch.int16, 'I8': torch.int8, 'U8': torch.uint8,
-              'BOOL': torch.bool}
+              'BOOL': torch.bool, 'U16': getattr(torch, 'uint16', None), 'U32': getattr(torch, 'uint32', None),
+              'U64': getattr(torch, 'uint64', None), 'F8_E4M3': getattr(torch, 'float8_e4m3fn', None),
+              'F8_E5M2': getattr(torch, 'float8_e5m2', None)}
 
 def _weight_files(path:Path)->tuple[str, list[Path]]:
     "('safetensors'|'bin', files) for a checkpoint file or model directory."
@@ -71,6 +99,8 @@ def _weight_files(path:Path)->tuple[str, list[Path]]:
     for index, kind in (('model.safetensors.index.json', 'safetensors'), ('pytorch_model.bin.index.json', 'bin')):
         if (path/index).exists():
             files = sorted(set(json.loads((path/index).read_text())['weight_map'].values()))
+            missing = [f for f in files if not (path/f).exists()]
+            if missing: raise FusionError(f"{str(path/index)!r} lists shard(s) that are not there: {missing}")
             return kind, [path/f for f in files]
     if (path/'model.safetensors').exists(): return 'safetensors', [path/'model.safetensors']
     st = sorted(path.glob('*.safetensors'))
@@ -78,36 +108,62 @@ def _weight_files(path:Path)->tuple[str, list[Path]]:
     if (path/'pytorch_model.bin').exists(): return 'bin', [path/'pytorch_model.bin']
     raise FusionError(f"no weights in {str(path)!r}: expected model.safetensors, a sharded index or pytorch_model.bin")
 
+def _load_bin(f:Path)->dict[str, Tensor]:
+    "A legacy pickled state dict, read with `weights_only=True` (memory-mapped when the format allows)."
+    try: sd = torch.load(f, map_location='cpu', weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if 'mmap' not in str(e): raise
+        sd = torch.load(f, map_location='cpu', weights_only=True)  # pre-zip format: cannot be mapped
+    if not isinstance(sd, Mapping): raise FusionError(f"{str(f)!r} does not hold a state dict (got {type(sd).__name__})")
+    return {k: v for k, v in sd.items() if isinstance(v, Tensor)}
+
 class LazyStateDict(Mapping):
     "A state dict that reads one tensor per lookup from a checkpoint file or directory."
     def __init__(self,
                  source:str|Path, # model directory, checkpoint file or hub id
                  name:str|None=None, # name used in error messages (default: the source)
                  prefix:str|None=None, # expose only keys under this prefix, with it removed
-                 drop:tuple[str, ...]=(), # key suffixes to leave out (e.g. legacy buffers)
+                 drop:Iterable[str]=(), # keys (after removing `prefix`) to leave out, e.g. legacy buffers
                 ):
         self.source = str(source)
         self.name = name or self.source
-        self.path = resolve_model_dir(source) if not Path(str(source)).is_file() else Path(source)
+        self.path = Path(source) if Path(str(source)).is_file() else resolve_model_dir(source)
         self.kind, self.files = _weight_files(self.path)
-        self._where, self._meta, self._bin = {}, {}, None
+        self._index, self._bin = {}, None   # full key → (file, shape, dtype); .bin: full key → mapped tensor
         if self.kind == 'safetensors':
             for f in self.files:
                 with safe_open(f, framework='pt') as h:
                     for k in h.keys():
                         sl = h.get_slice(k)
-                        self._where[k] = f
-                        self._meta[k] = (tuple(sl.get_shape()), _ST_DTYPES[sl.get_dtype()])
+                        dt = _ST_DTYPES.get(sl.get_dtype())
+                        if dt is None: raise FusionError(f"{str(f)!r}: tensor {k!r} has dtype {sl.get_dtype()} that torch cannot hold")
+                        self._index[k] = (f, tuple(sl.get_shape()), dt)
         else:
             self._bin = {}
             for f in self.files:
-                self._bin.update(torch.load(f, map_location='cpu', weights_only=True, mmap=True))
-            self._meta = {k: (tuple(v.shape), v.dtype) for k, v in self._bin.items()}
-        keys = list(self._meta)
-        if prefix is not None: keys = [k for k in keys if k.startswith(prefix)]
-        self.prefix = prefix or ''
-        self._keys = [k[len(self.prefix):] for k in keys if not k.endswith(tuple(drop))]
+                sd = _load_bin(f)
+                self._bin.update(sd)
+                self._index.update({k: (f, tuple(v.shape), v.dtype) for k, v in sd.items()})
+        self.prefix, self._keys = '', list(self._index)
+        self._restrict(prefix, drop)
+
+    def _restrict(self, prefix, drop):
+        "Keep this view's keys under `prefix` (removed) and not in `drop`."
+        p, drop = prefix or '', set(drop)
+        self.prefix = self.prefix + p
+        self._keys = [k[len(p):] for k in self._keys if k.startswith(p) and k[len(p):] not in drop]
         self._set = set(self._keys)
+
+    def select(self,
+               prefix:str|None=None, # keep this view's keys under this prefix, with it removed
+               drop:Iterable[str]=(), # keys (after removing `prefix`) to leave out
+               name:str|None=None, # name of the view (default: this one's)
+              )->LazyStateDict:
+        "A view of some of the tensors, sharing the parsed headers."
+        view = copy.copy(self)
+        if name is not None: view.name = name
+        view._restrict(prefix, drop)
+        return view
 
     def _full(self, key:str)->str:
         if key not in self._set: raise KeyError(f"{key!r} is not a tensor of {self.name!r}")
@@ -116,14 +172,18 @@ class LazyStateDict(Mapping):
     def __getitem__(self, key:str)->Tensor:
         full = self._full(key)
         if self._bin is not None: return self._bin[full].clone()
-        with safe_open(self._where[full], framework='pt') as h: return h.get_tensor(full)
+        with safe_open(self._index[full][0], framework='pt') as h: return h.get_tensor(full)
 
+    def meta(self, key:str)->tuple[tuple[int, ...], torch.dtype]:
+        "(shape, dtype) of `key`, from the header (no weights read)."
+        _, shape, dtype = self._index[self._full(key)]
+        return shape, dtype
     def shape(self, key:str)->tuple[int, ...]:
         "Shape of `key`, from the header (no weights read)."
-        return self._meta[self._full(key)][0]
+        return self.meta(key)[0]
     def dtype(self, key:str)->torch.dtype:
         "dtype of `key`, from the header (no weights read)."
-        return self._meta[self._full(key)][1]
+        return self.meta(key)[1]
     def numel(self)->int:
         "Number of elements over all tensors."
         return sum(int(torch.Size(self.shape(k)).numel()) for k in self._keys)
@@ -131,69 +191,126 @@ class LazyStateDict(Mapping):
         "Bytes over all tensors."
         return sum(int(torch.Size(self.shape(k)).numel()) * self.dtype(k).itemsize for k in self._keys)
     def __iter__(self)->Iterator[str]: return iter(self._keys)
-    def __len__(self): return len(self._keys)
-    def __contains__(self, key): return key in self._set
-    def __repr__(self): return f"LazyStateDict({self.name!r}, {len(self)} tensors, {self.kind})"
+    def __len__(self)->int: return len(self._keys)
+    def __contains__(self, key)->bool: return key in self._set
+    def __repr__(self)->str: return f"LazyStateDict({self.name!r}, {len(self)} tensors, {self.kind})"
 
 # %% ../nbs/02_checkpoints.ipynb #f46d95e8
 VISION_PREFIX = 'vision_model.'
-_LEGACY_BUFFERS = ('position_ids',)
+POSITION_IDS = 'embeddings.position_ids'
+_VISION_ROOTS = ('embeddings.', 'encoder.', 'pre_layrnorm.', 'post_layernorm.')
 
-def vision_state_dict(source:str|Path, # CLIPModel or CLIPVisionModel directory / hub id
-                      name:str|None=None, # name for error messages
+def vision_state_dict(source:str|Path|LazyStateDict, # CLIPModel or CLIPVisionModel directory / hub id / checkpoint
+                      name:str|None=None, # name for error messages (default: the source)
                      )->LazyStateDict:
     "The vision encoder's weights of `source`, lazily, in transformers 5's `CLIPVisionModel` key layout."
-    raw = LazyStateDict(source, name=name)
-    prefixed = any(k.startswith(VISION_PREFIX) for k in raw)
-    return LazyStateDict(raw.path, name=name or str(source), prefix=VISION_PREFIX if prefixed else None, drop=_LEGACY_BUFFERS)
+    raw = source if isinstance(source, LazyStateDict) else LazyStateDict(source, name=name)
+    name = name or raw.name
+    prefixed = [k for k in raw if k.startswith(VISION_PREFIX)]
+    stray = [k for k in raw if k.startswith(_VISION_ROOTS)]
+    if prefixed and stray:
+        raise FusionError(f"{name!r} mixes vision keys with and without the {VISION_PREFIX!r} prefix "
+                          f"(e.g. {prefixed[0]!r} and {stray[0]!r}); cannot tell which are the encoder's")
+    view = raw.select(prefix=VISION_PREFIX if prefixed else None, drop=[POSITION_IDS], name=name)
+    if 'embeddings.patch_embedding.weight' not in view:
+        raise FusionError(f"{name!r} holds no CLIP vision encoder: no 'embeddings.patch_embedding.weight' "
+                          f"(with or without {VISION_PREFIX!r}) among its {len(raw)} tensors")
+    return view
 
 # %% ../nbs/02_checkpoints.ipynb #01212d58
-def vision_config(source:str|Path|CLIPConfig|CLIPVisionConfig)->CLIPVisionConfig:
-    "The `CLIPVisionConfig` of a config object, or of a CLIPModel / CLIPVisionModel directory or hub id."
+def vision_config(source)->CLIPVisionConfig:
+    "The `CLIPVisionConfig` of a config, a CLIP model, or a CLIPModel / CLIPVisionModel directory or hub id."
     if isinstance(source, CLIPVisionConfig): return source
     if isinstance(source, CLIPConfig): return source.vision_config
+    if isinstance(getattr(source, 'config', None), (CLIPConfig, CLIPVisionConfig)): return vision_config(source.config)
     d = resolve_model_dir(source)
-    cfg = json.loads((d/'config.json').read_text())
-    if cfg.get('model_type') == 'clip': return CLIPConfig.from_pretrained(d).vision_config
-    return CLIPVisionConfig.from_pretrained(d)
+    if not (d/'config.json').exists(): raise FusionError(f"no config.json in {str(d)!r}: cannot tell the model's architecture")
+    model_type = json.loads((d/'config.json').read_text()).get('model_type')
+    if model_type == 'clip': return CLIPConfig.from_pretrained(d).vision_config
+    if model_type == 'clip_vision_model': return CLIPVisionConfig.from_pretrained(d)
+    raise FusionError(f"{str(source)!r} is a {model_type!r} model, not CLIP (config.json model_type)")
 
-def load_vision_model(source:str|Path|Mapping, # model dir / hub id, or a state dict (then `config` is needed)
+def check_vision_state_dict(state_dict:Mapping, # canonical vision state dict (plain or lazy)
+                            config, # anything `vision_config` accepts
+                            name:str|None=None, # name for messages (default: `state_dict.name`)
+                           )->None:
+    "Raise `IncompatibleModelsError` naming the source and tensors unless `state_dict` fits `config`'s `CLIPVisionModel`."
+    cfg = vision_config(config)
+    name = name or getattr(state_dict, 'name', None) or 'state dict'
+    with torch.device('meta'): ref = CLIPVisionModel(cfg).state_dict()
+    missing, unexpected = set(ref) - set(state_dict.keys()), set(state_dict.keys()) - set(ref)
+    if missing or unexpected:
+        hint = " (transformers 4 layout? read it with vision_state_dict)" if any(k.startswith(VISION_PREFIX) for k in unexpected) else ""
+        raise IncompatibleModelsError(f"{name!r} does not fit CLIPVisionModel(hidden_size={cfg.hidden_size}, "
+                                      f"num_hidden_layers={cfg.num_hidden_layers}): missing {len(missing)} tensor(s) "
+                                      f"{sorted(missing)[:5]}, unexpected {len(unexpected)} {sorted(unexpected)[:5]}{hint}")
+    for k, t in ref.items():
+        shape = tensor_meta(state_dict, k)[0]
+        if tuple(shape) != tuple(t.shape):
+            raise IncompatibleModelsError(f"{name!r}: tensor {k!r} has shape {list(shape)} but the config's "
+                                          f"CLIPVisionModel expects {list(t.shape)}")
+
+def _no_init():
+    "Context in which transformers skips random weight initialisation (every weight is loaded next)."
+    try: from transformers.initialization import no_init_weights
+    except ImportError:
+        try: from transformers.modeling_utils import no_init_weights
+        except ImportError: return contextlib.nullcontext()
+    return no_init_weights()
+
+def load_vision_model(source:str|Path|Mapping, # model dir / hub id, or a canonical state dict (then `config` is needed)
                       config=None, # CLIPVisionConfig, CLIPConfig or a model dir (default: `source`'s)
                       device=None, # torch device (default: cpu)
                       dtype=None, # torch dtype or name (default: float32)
                       name:str|None=None, # name for error messages
                      )->CLIPVisionModel:
     "A `CLIPVisionModel` with the weights of `source` (either key layout), in eval mode."
-    if isinstance(source, Mapping):
-        if config is None: raise FusionError("load_vision_model: a state dict needs `config`")
-        sd, name = source, name or getattr(source, 'name', 'state dict')
-    else:
-        sd, name = vision_state_dict(source, name), name or str(source)
-    model = CLIPVisionModel(vision_config(config if config is not None else source))
-    expected = set(model.state_dict().keys())
-    missing, unexpected = expected - set(sd.keys()), set(sd.keys()) - expected
-    if missing or unexpected:
-        raise IncompatibleModelsError(f"{name!r} does not fit CLIPVisionModel: missing {sorted(missing)[:5]}, "
-                                      f"unexpected {sorted(unexpected)[:5]}")
-    model.load_state_dict(materialize(sd), strict=True)
+    if isinstance(source, Mapping) and not isinstance(source, LazyStateDict):
+        if config is None: raise FusionError(f"load_vision_model: a state dict ({name or getattr(source, 'name', 'unnamed')!r}) needs `config`")
+        sd = source
+    else: sd = vision_state_dict(source, name)
+    name = name or getattr(sd, 'name', None) or 'state dict'
+    cfg = vision_config(config if config is not None else sd.path if isinstance(sd, LazyStateDict) else source)
+    check_vision_state_dict(sd, cfg, name)
+    with _no_init(): model = CLIPVisionModel(cfg)
+    with torch.no_grad():
+        for k, t in model.state_dict().items(): t.copy_(sd[k])
     return model.to(device=get_device(device or 'cpu'), dtype=get_dtype(dtype)).eval()
 
 # %% ../nbs/02_checkpoints.ipynb #416e1358
-def save_state_dict(state_dict:Mapping, path:str|Path, metadata:dict|None=None)->Path:
+def _tensors(state_dict:Mapping, progress:bool=False)->dict[str, Tensor]:
+    "CPU, contiguous copies ready for safetensors (tensors sharing memory are separated)."
+    out, seen = {}, set()
+    for k, v in materialize(state_dict, progress=progress, desc='save').items():
+        v = v.detach().to('cpu').contiguous()
+        ptr = v.untyped_storage().data_ptr() if v.numel() else None
+        if ptr is not None and ptr in seen: v = v.clone()
+        seen.add(ptr); out[k] = v
+    return out
+
+def save_state_dict(state_dict:Mapping, # any state dict, lazy or not
+                    path:str|Path, # the .safetensors file to write
+                    metadata:dict|None=None, # str → str metadata stored in the header
+                   )->Path:
     "Write `state_dict` to one safetensors file atomically."
     from safetensors.torch import save as st_bytes
-    data = st_bytes({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, metadata={'format': 'pt', **(metadata or {})})
+    data = st_bytes(_tensors(state_dict), metadata={'format': 'pt', **(metadata or {})})
     with atomic_write(path, 'wb') as f: f.write(data)
     return Path(path)
 
-def save_vision_model(state_dict:Mapping, # canonical vision state dict
+def save_vision_model(state_dict:Mapping, # canonical vision state dict (plain or lazy)
                       out_dir:str|Path, # directory to (re)create
                       config, # CLIPVisionConfig, CLIPConfig or a model dir to take the config from
+                      progress:bool=False, # progress bar while computing/reading the tensors
                      )->Path:
     "Save `state_dict` as a `CLIPVisionModel` directory (config.json + model.safetensors), atomically."
-    cfg = vision_config(config)
+    cfg = copy.deepcopy(vision_config(config))
+    check_vision_state_dict(state_dict, cfg)
+    tensors = _tensors(state_dict, progress=progress)
+    dtypes = [t.dtype for t in tensors.values() if t.is_floating_point()]
+    if dtypes: cfg.dtype = max(set(dtypes), key=dtypes.count)
+    cfg.architectures = ['CLIPVisionModel']
     with atomic_dir(out_dir) as tmp:
         cfg.save_pretrained(tmp)
-        save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, tmp/'model.safetensors',
-                  metadata={'format': 'pt'})
+        save_file(tensors, tmp/'model.safetensors', metadata={'format': 'pt'})
     return Path(out_dir)
