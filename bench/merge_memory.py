@@ -10,14 +10,19 @@ its own subprocess, so its peak memory is its own. Measured, in the same run:
 - task_arithmetic, ties_tensor, ties_model: the library's streaming merges (fusion_nb.merge).
 
 Peak *anonymous* memory is RssAnon from /proc/self/status (file-backed pages of memory-mapped
-safetensors do not count: the kernel can drop them at will), sampled every 5 ms by a thread, minus the
-process's RssAnon before the measured work started.
+safetensors do not count: the kernel can drop them at will). Linux keeps no high-water mark of RssAnon
+(VmHWM counts file-backed pages too), so a thread samples it every 5 ms (and once more at the end); the
+figure is that peak minus the process's RssAnon just before the measured work started (Python, torch and
+the lazy state dicts' headers). A 350 MB tensor takes far longer than 5 ms to allocate and fill, so the
+sampling misses no model-sized peak. Before measuring, the checkpoints are read once (untimed) so that
+every measurement finds them in the page cache and none pays for the disk alone.
 
 Goals: every streaming method peaks under 3x one model's size; task arithmetic takes at most 4x the
 probe's time.
 
     python bench/merge_memory.py            # full ViT-B/32 scale (≈3.2 GB of checkpoints in a temp folder)
     python bench/merge_memory.py --small    # a tiny config, for a quick smoke run
+    python bench/merge_memory.py --keep /tmp/b32 --repeat 3   # keep the checkpoints; best time of 3 runs each
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, threading, time
 from pathlib import Path
@@ -52,6 +57,12 @@ def build(folder: Path, cfg: dict):
         save_vision_model({k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in base.items()}, folder/name, config)
         print(f'built {name}', flush=True)
 
+def warm_cache(folder: Path):
+    "Read every checkpoint file once, so that the measurements all start from the page cache."
+    for f in sorted(folder.glob('*/model.safetensors')):
+        with open(f, 'rb') as h:
+            while h.read(1 << 26): pass
+
 def measure(folder: Path, what: str):
     "Run one measurement in this process; print a JSON line."
     import torch
@@ -74,36 +85,50 @@ def measure(folder: Path, what: str):
         elif what == 'ties_tensor': merged = ties_merging(pre, experts, trim_scope='tensor', progress=False)
         elif what == 'ties_model': merged = ties_merging(pre, experts, trim_scope='model', progress=False)
         else: raise SystemExit(f'unknown measurement {what!r}')
-    print(json.dumps({'what': what, 'seconds': time.perf_counter() - t0, 'peak_bytes': s.peak - start, 'model_bytes': model_bytes}), flush=True)
+    print(json.dumps({'what': what, 'seconds': time.perf_counter() - t0, 'peak_bytes': s.peak - start, 'model_bytes': model_bytes, 'model_params': pre.numel()}), flush=True)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--small', action='store_true', help='a tiny config: a smoke run in seconds')
     ap.add_argument('--keep', metavar='DIR', help='build/keep the checkpoints in DIR (reused if present)')
+    ap.add_argument('--repeat', type=int, default=1, help='run each measurement N times: best time, worst peak')
     ap.add_argument('--measure', nargs=2, metavar=('DIR', 'WHAT'), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.measure: return measure(Path(a.measure[0]), a.measure[1])
     folder = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix='merge_memory_'))
     try:
-        if not (folder/EXPERTS[-1]/'model.safetensors').exists(): build(folder, SMALL if a.small else B32)
+        cfg = SMALL if a.small else B32
+        if (folder/EXPERTS[-1]/'config.json').exists():  # reuse checkpoints kept by an earlier run, if they have this config
+            have = json.loads((folder/EXPERTS[-1]/'config.json').read_text())
+            if any(have.get(k) != v for k, v in cfg.items()): raise SystemExit(f'{folder} holds checkpoints of another config')
+        else: build(folder, cfg)
+        warm_cache(folder)
         results = {}
-        for what in ['probe', 'baseline', 'task_arithmetic', 'ties_tensor', 'ties_model']:
-            out = subprocess.run([sys.executable, __file__, '--measure', str(folder), what], capture_output=True, text=True)
-            if out.returncode: print(out.stderr[-2000:]); raise SystemExit(f'{what} failed')
-            results[what] = json.loads(out.stdout.strip().splitlines()[-1])
+        for rep in range(max(1, a.repeat)):
+            for what in ['probe', 'baseline', 'task_arithmetic', 'ties_tensor', 'ties_model']:
+                out = subprocess.run([sys.executable, __file__, '--measure', str(folder), what], capture_output=True, text=True)
+                if out.returncode: print(out.stderr[-2000:]); raise SystemExit(f'{what} failed')
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                if what in results:  # best time, worst peak over the repeats
+                    r['seconds'] = min(r['seconds'], results[what]['seconds'])
+                    r['peak_bytes'] = max(r['peak_bytes'], results[what]['peak_bytes'])
+                results[what] = r
         mb = results['probe']['model_bytes']
-        print(f"\none model: {mb / 1e9:.3f} GB ({'small' if a.small else 'ViT-B/32'} vision config), 1 pretrained + {len(EXPERTS)} experts\n")
+        cfg = 'small' if a.small else 'ViT-B/32'
+        print(f"\none model: {results['probe']['model_params'] / 1e6:.1f}M parameters, {mb / 1e9:.3f} GB ({cfg} vision config), 1 pretrained + {len(EXPERTS)} experts;"
+              f" {max(1, a.repeat)} run(s) each: best time, worst peak\n")
         print(f"{'measurement':18s} {'seconds':>8s} {'x probe':>8s} {'peak RssAnon GB':>16s} {'x one model':>12s}")
         for what, r in results.items():
             print(f"{what:18s} {r['seconds']:8.2f} {r['seconds'] / results['probe']['seconds']:8.2f} {r['peak_bytes'] / 1e9:16.3f} {r['peak_bytes'] / mb:12.2f}")
         print()
+        if a.small: print('(--small: fixed overheads dominate at this size; the goals below are judged at ViT-B/32 scale only)')
         ok = True
         for what in ['task_arithmetic', 'ties_tensor', 'ties_model']:
             ratio = results[what]['peak_bytes'] / mb; ok &= ratio < 3
             print(f"goal: {what} peak < 3x one model: {ratio:.2f}x  {'PASS' if ratio < 3 else 'FAIL'}")
         tr = results['task_arithmetic']['seconds'] / results['probe']['seconds']; ok &= tr <= 4
         print(f"goal: task_arithmetic time <= 4x probe: {tr:.2f}x  {'PASS' if tr <= 4 else 'FAIL'}")
-        return 0 if ok else 1
+        return 0 if ok or a.small else 1
     finally:
         if not a.keep: shutil.rmtree(folder, ignore_errors=True)
 

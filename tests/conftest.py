@@ -1,10 +1,14 @@
 """Shared fixtures: a micro project (CLIP dir, experts, datasets, settings.ini) built once per session.
 
 The micro models are random-weight CLIPs made by `fusion_nb.clip_factory` and loaded through exactly the
-loaders a hub id goes through; the datasets have the schema of `tanganke/<task>`.
+loaders a hub id goes through; the datasets have the schema of `tanganke/<task>` (`image`, `label` ClassLabel).
+The same weights are also saved the way transformers 4 saved them, to check that both layouts load alike.
 """
 import os
 from pathlib import Path
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
 import numpy as np
 import pytest
@@ -12,23 +16,44 @@ import datasets
 from datasets import ClassLabel, Dataset, DatasetDict
 from PIL import Image
 
-os.environ.setdefault('HF_HUB_OFFLINE', '1')
-os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
-
 REPO = Path(__file__).resolve().parents[1]
+# task → class names; 'shapes' has greyscale images (like MNIST), 'colors' RGB ones
 MICRO_TASKS = {'shapes': ['circle', 'square', 'cross'], 'colors': ['red', 'green', 'blue', 'yellow']}
+MICRO_MODES = {'shapes': 'L', 'colors': 'RGB'}
+MICRO_SPLITS = {'train': 12, 'validation': 6, 'test': 12}
+MICRO_TEMPLATES = ['a photo of a {}.', 'a drawing of a {}.']
 
-def micro_dataset(path, classes, n_per_split=12, seed=0):
-    "A DatasetDict (train/validation/test) of 32×32 images whose mean colour depends on the label."
+def micro_dataset(path, classes, mode='RGB', splits=MICRO_SPLITS, seed=0):
+    "Save a DatasetDict of 32×32 images whose brightness depends on the label; return `path`."
     rng = np.random.default_rng(seed)
     feats = datasets.Features({'image': datasets.Image(), 'label': ClassLabel(names=list(classes))})
-    splits = {}
-    for s, split in enumerate(['train', 'validation', 'test']):
-        labels = [i % len(classes) for i in range(n_per_split)]
-        imgs = [Image.fromarray(np.clip(rng.normal(40 + 60 * y, 30, (32, 32, 3)), 0, 255).astype(np.uint8)) for y in labels]
-        splits[split] = Dataset.from_dict({'image': imgs, 'label': labels}, features=feats)
-    DatasetDict(splits).save_to_disk(str(path))
+    dd = {}
+    for split, n in splits.items():
+        labels = [i % len(classes) for i in range(n)]
+        imgs = [Image.fromarray(np.clip(rng.normal(40 + 60 * y, 30, (32, 32, 3)), 0, 255).astype(np.uint8)).convert(mode)
+                for y in labels]
+        dd[split] = Dataset.from_dict({'image': imgs, 'label': labels}, features=feats)
+    DatasetDict(dd).save_to_disk(str(path))
     return path
+
+def save_transformers4_layout(src_dir, out_dir, prefix_vision:bool):
+    """Copy a model dir, rewriting its weights as transformers 4 saved them: vision keys under `vision_model.`
+    (for a CLIPVisionModel, `prefix_vision`) and the integer `position_ids` buffers."""
+    import json, shutil, torch
+    from safetensors.torch import load_file, save_file
+    out_dir = Path(out_dir); out_dir.mkdir(parents=True)
+    for f in Path(src_dir).iterdir():
+        if f.name != 'model.safetensors': shutil.copy(f, out_dir/f.name)
+    sd = load_file(Path(src_dir)/'model.safetensors')
+    cfg = json.loads((Path(src_dir)/'config.json').read_text())
+    vcfg = cfg.get('vision_config', cfg)
+    n_pos = (vcfg['image_size'] // vcfg['patch_size']) ** 2 + 1
+    if prefix_vision: sd = {'vision_model.' + k: v for k, v in sd.items()}
+    sd['vision_model.embeddings.position_ids'] = torch.arange(n_pos)[None]
+    if 'text_config' in cfg:
+        sd['text_model.embeddings.position_ids'] = torch.arange(cfg['text_config']['max_position_embeddings'])[None]
+    save_file({k: v.contiguous() for k, v in sd.items()}, out_dir/'model.safetensors', metadata={'format': 'pt'})
+    return out_dir
 
 SETTINGS = """
 [DEFAULT]
@@ -42,33 +67,26 @@ pretrained = ./models/clip
 expert_template = ./models/expert_{{task}}
 dataset_template = ./datasets/{{task}}
 [micro-test-old-layout]
-description = the same models, experts saved in the transformers-4 layout
-pretrained = ./models/clip
+description = the same models saved in the transformers-4 layout
+pretrained = ./models/old_clip
 expert_template = ./models/old_expert_{{task}}
 dataset_template = ./datasets/{{task}}
 """
 
 @pytest.fixture(scope='session')
 def micro_project(tmp_path_factory):
-    "A scratch project root with settings.ini (profiles micro-test, micro-test-old-layout), models and datasets."
-    import torch
-    from safetensors.torch import save_file
-    from fusion_nb.catalog import DEFAULT_TEMPLATES
-    from fusion_nb.checkpoints import vision_state_dict
+    """A scratch project root: settings.ini (profiles `micro-test` and `micro-test-old-layout`), models/ (CLIP,
+    experts, and their transformers-4 copies), datasets/ (one per task of `MICRO_TASKS`), nbs/experiments (a link)."""
     from fusion_nb.clip_factory import make_clip_dir, make_expert_dirs
     root = tmp_path_factory.mktemp('micro_project')
-    words = [t.format(c) for cs in MICRO_TASKS.values() for c in cs for t in DEFAULT_TEMPLATES]
+    words = [t.format(c) for cs in MICRO_TASKS.values() for c in cs for t in MICRO_TEMPLATES]
     make_clip_dir(root/'models'/'clip', words, seed=0)
     experts = make_expert_dirs(root/'models'/'clip', str(root/'models'/'expert_{task}'), list(MICRO_TASKS), noise=0.05)
-    for task, d in experts.items():   # the same weights in transformers 4's layout (prefixed keys, position_ids)
-        old = root/'models'/f'old_expert_{task}'; old.mkdir()
-        (old/'config.json').write_text((d/'config.json').read_text())
-        sd = vision_state_dict(d)
-        tensors = {'vision_model.' + k: sd[k].contiguous() for k in sd}
-        tensors['vision_model.embeddings.position_ids'] = torch.arange(17)[None]
-        save_file(tensors, old/'model.safetensors')
+    save_transformers4_layout(root/'models'/'clip', root/'models'/'old_clip', prefix_vision=False)
+    for task, d in experts.items():
+        save_transformers4_layout(d, root/'models'/f'old_expert_{task}', prefix_vision=True)
     for i, (task, classes) in enumerate(MICRO_TASKS.items()):
-        micro_dataset(root/'datasets'/task, classes, seed=i)
+        micro_dataset(root/'datasets'/task, classes, MICRO_MODES[task], seed=i)
     (root/'settings.ini').write_text(SETTINGS.format(tasks=' '.join(MICRO_TASKS)))
     (root/'nbs').mkdir()
     (root/'nbs'/'experiments').symlink_to(REPO/'nbs'/'experiments')

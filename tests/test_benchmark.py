@@ -27,7 +27,7 @@ def test_reproduce_micro_builds_on_first_use(project):
     assert r.returncode == 0, r.stderr[-3000:]
     base = project/'data'/'micro'
     manifest = json.loads((base/'manifest.json').read_text())
-    assert manifest['scale'] == 'micro' and set(manifest['tasks']) == set(EIGHT_TASKS)
+    assert manifest['scale'] == 'micro' and set(manifest['tasks']) == set(TASKS) and set(EIGHT_TASKS) <= set(manifest['expert_tasks'])
     assert all(f in manifest['files'] for f in ['models/clip-vit-tiny/config.json', 'models/clip-vit-tiny_gtsrb/model.safetensors'])
     table = pd.read_csv(project/'outputs'/'micro'/'00_individual'/'table.csv', index_col=0)
     assert list(table.columns) == [*EIGHT_TASKS, 'Avg.'] and table.notna().all().all()

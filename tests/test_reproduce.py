@@ -2,8 +2,10 @@
 import json, os, subprocess, sys, time
 from pathlib import Path
 
-import nbformat, pytest
+import nbformat, pandas as pd, pytest
 
+import fusion_nb
+import fusion_nb.reproduce
 from fusion_nb.core import UnknownNameError, FusionError
 from fusion_nb.reproduce import reproduce
 
@@ -19,10 +21,10 @@ dataset_template = ./datasets/{task}
 should_fail = no
 """
 
-def write_nb(path, body, params="profile = 'demo'\noutput_dir = None\nbatch_size = 1\nshould_fail = 'no'"):
+def write_nb(path, body, params="profile = 'demo'\noutput_dir = None\nbatch_size = 1\nshould_fail = 'no'", title=None):
     nb = nbformat.v4.new_notebook()
     p = nbformat.v4.new_code_cell(params); p.metadata['tags'] = ['parameters']
-    nb.cells = [p, nbformat.v4.new_code_cell(body)]
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {title or path.stem} title\n\n> summary"), p, nbformat.v4.new_code_cell(body)]
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
     nbformat.write(nb, str(path))
 
@@ -30,6 +32,8 @@ OK_BODY = """
 from pathlib import Path
 Path(output_dir, 'results.csv').write_text(f'batch_size\\n{batch_size}\\n')
 Path(output_dir, 'table.md').write_text(f'| batch_size |\\n|---|\\n| {batch_size} |\\n')
+Path(output_dir, 'figure.png').write_bytes(b'not really a png')
+print('wrote to', output_dir)
 """
 FAIL_BODY = """
 from pathlib import Path
@@ -50,79 +54,152 @@ def project(tmp_path, monkeypatch):
 
 def run(project, **kw):
     lines = []
-    status = reproduce('demo', log=lines.append, **kw)
+    status = reproduce('demo', log=lines.append, progress=False, **kw)
     return status, '\n'.join(lines)
+
+def leftovers(out):
+    "Temporary files or folders (dot-names) left beside the outputs."
+    return [p for p in out.rglob('.*')]
 
 def test_runs_injects_profile_values_and_writes_report(project):
     status, log = run(project)
-    assert status == {'00_ok': 'ok', '01_flaky': 'ok'}
+    assert status == {'00_ok': 'ok', '01_flaky': 'ok'} and '2 ran, 0 up to date, 0 failed' in log
     out = project/'outputs'/'demo'
     assert (out/'00_ok'/'results.csv').read_text() == 'batch_size\n8\n'   # the profile's batch_size was injected
-    assert (out/'00_ok'/'run.ipynb').exists() and (out/'00_ok'/'inputs.json').exists()
+    inputs = json.loads((out/'00_ok'/'inputs.json').read_text())
+    assert inputs['parameters'] == {'profile': 'demo', 'batch_size': 8, 'should_fail': 'no'}
+    assert inputs['version'] == fusion_nb.__version__ and inputs['profile']['experts']['a'] == str(project/'models'/'none_a')
+    executed = (out/'00_ok'/'run.ipynb').read_text()
+    assert f'output_dir = \\"{out/"00_ok"}\\"' in executed and '.tmp' not in executed   # names its final folder
     report = (out/'REPORT.md').read_text()
-    assert '## 00_ok' in report and '| 8 |' in report and '## 01_flaky' in report
-    assert not [p for p in out.iterdir() if p.name.startswith('.')]   # no temporary folders left
+    assert report.startswith("# fusion_nb report — profile `demo`") and 'a scratch profile' in report
+    assert f"fusion_nb {fusion_nb.__version__}" in report
+    assert '## 00_ok — 00_ok title' in report and '| 8 |' in report and '![figure](00_ok/figure.png)' in report
+    assert '[run.ipynb](00_ok/run.ipynb)' in report and '## 01_flaky — 01_flaky title' in report
+    assert report.index('## 00_ok') < report.index('## 01_flaky')
+    assert not leftovers(out)
 
-def test_skip_if_unchanged_and_rerun_on_change(project):
+def test_skip_if_unchanged_and_rerun_on_change(project, monkeypatch):
     run(project)
     status, log = run(project)
-    assert status == {'00_ok': 'skipped', '01_flaky': 'skipped'} and 'up to date' in log
+    assert status == {'00_ok': 'skipped', '01_flaky': 'skipped'} and '[00_ok] up to date' in log
     assert run(project, force=True)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
     write_nb(project/'nbs'/'experiments'/'00_ok.ipynb', OK_BODY + "\nx = 1\n")   # the notebook changed
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'skipped'}
-    (project/'settings.ini').write_text(SETTINGS.replace('batch_size = 8', 'batch_size = 16'))  # a parameter changed
+    (project/'settings.ini').write_text(SETTINGS.replace('batch_size = 8', 'batch_size = 16'))  # an injected parameter
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
     assert (project/'outputs'/'demo'/'00_ok'/'results.csv').read_text() == 'batch_size\n16\n'
+    (project/'settings.ini').write_text(SETTINGS.replace('batch_size = 8', 'batch_size = 16').replace('none_{task}', 'other_{task}'))
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # a profile value no notebook declares
+    (project/'models'/'none').mkdir(parents=True); (project/'models'/'none'/'config.json').write_text('{}')
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # local data appeared
+    assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped'}
+    monkeypatch.setattr(fusion_nb.reproduce, 'package_hash', lambda: 'other code')
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # the package's sources changed
+    (project/'outputs'/'demo'/'01_flaky'/'table.md').unlink(); (project/'outputs'/'demo'/'01_flaky'/'inputs.json').unlink()
+    assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'ok'}  # outputs gone: rerun
 
 def test_failure_is_isolated_and_keeps_previous_outputs(project):
     run(project)
-    prev = (project/'outputs'/'demo'/'01_flaky'/'table.md').read_text()
+    out = project/'outputs'/'demo'
+    prev = (out/'01_flaky'/'table.md').read_text()
     (project/'settings.ini').write_text(SETTINGS.replace('should_fail = no', 'should_fail = yes').replace('batch_size = 8', 'batch_size = 9'))
     status, log = run(project)
-    assert status == {'00_ok': 'ok', '01_flaky': 'failed'}
-    out = project/'outputs'/'demo'
-    assert 'FAILED' in log and 'boom in experiment' in log and '01_flaky.failed.ipynb' in log
+    assert status == {'00_ok': 'ok', '01_flaky': 'failed'} and '1 ran, 0 up to date, 1 failed' in log
+    assert '[01_flaky] FAILED' in log and 'boom in experiment' in log and str(out/'01_flaky.failed.ipynb') in log
+    assert f'previous outputs kept in {out/"01_flaky"}' in log
     assert (out/'01_flaky'/'table.md').read_text() == prev                    # previous outputs kept
     assert (out/'01_flaky'/'results.csv').read_text() == 'complete\n'         # the half-written file never landed
-    assert (out/'01_flaky.failed.ipynb').exists()
+    failed_nb = nbformat.read(str(out/'01_flaky.failed.ipynb'), as_version=4)
+    assert any('boom in experiment' in str(o) for c in failed_nb.cells if c.cell_type == 'code' for o in c.get('outputs', []))
     assert (out/'00_ok'/'results.csv').read_text() == 'batch_size\n9\n'       # the other experiment still ran
-    assert 'Failed in this run:** 01_flaky' in (out/'REPORT.md').read_text()
-    assert not [p for p in out.iterdir() if p.name.startswith('.')]
+    report = (out/'REPORT.md').read_text()
+    assert '**Failed in the last run:** 01_flaky' in report and '[01_flaky.failed.ipynb](01_flaky.failed.ipynb)' in report
+    assert 'outputs below are from the previous successful run' in report and '| fine |' in report
+    assert not leftovers(out)
     # back to the inputs of the kept outputs: up to date, and the stale failure marker goes away
     (project/'settings.ini').write_text(SETTINGS)
     assert run(project)[0]['01_flaky'] == 'skipped' and not (out/'01_flaky.failed.ipynb').exists()
+    assert 'Failed' not in (out/'REPORT.md').read_text()
+
+def test_first_run_failure_leaves_no_output_folder(project):
+    (project/'settings.ini').write_text(SETTINGS.replace('should_fail = no', 'should_fail = yes'))
+    status, log = run(project)
+    out = project/'outputs'/'demo'
+    assert status == {'00_ok': 'ok', '01_flaky': 'failed'} and not (out/'01_flaky').exists()
+    assert (out/'01_flaky.failed.ipynb').exists() and not leftovers(out)
+    assert '01_flaky.failed.ipynb); no outputs yet' in (out/'REPORT.md').read_text()
 
 def test_only_and_unknown_names(project):
     assert run(project, only=['01_flaky'])[0] == {'01_flaky': 'ok'}
-    with pytest.raises(UnknownNameError, match=r"unknown experiment\(s\) \['02_nope'\]. Experiments: 00_ok, 01_flaky"):
-        run(project, only=['02_nope'])
-    with pytest.raises(UnknownNameError, match="unknown profile 'nope'"):
+    assert run(project, only=['00'], force=True)[0] == {'00_ok': 'ok'}          # a unique prefix
+    assert '## 01_flaky' in (project/'outputs'/'demo'/'REPORT.md').read_text()  # the report still shows every experiment
+    with pytest.raises(UnknownNameError, match=r"unknown experiment\(s\) '02_nope'. Experiments: 00_ok, 01_flaky"):
+        run(project, only=['00_ok', '02_nope'])
+    with pytest.raises(UnknownNameError, match="'0' is ambiguous: it could be 00_ok, 01_flaky"):
+        run(project, only=['0'])
+    with pytest.raises(UnknownNameError, match="unknown profile 'nope'. Profiles in .*: demo"):
         reproduce('nope')
 
-def test_notebook_without_parameters_cell_is_refused(project):
+def test_notebook_without_parameters_cell_is_refused_before_anything_runs(project):
     write_nb(project/'nbs'/'experiments'/'02_bad.ipynb', OK_BODY, params="x = 1")
-    status, log = run(project, only=['00_ok'])
-    assert status == {'00_ok': 'ok'}
-    with pytest.raises(FusionError, match="'02_bad': its parameters cell must declare `profile` and `output_dir`"):
-        run(project, only=['02_bad'])
+    with pytest.raises(FusionError, match=r"'02_bad': its parameters cell .* must declare `profile` and `output_dir`; it declares x"):
+        run(project)
+    assert not (project/'outputs').exists()
+    assert run(project, only=['00_ok'])[0] == {'00_ok': 'ok'}
 
-def test_cli_exit_codes(project):
-    env = {**os.environ, 'FUSION_NB_ROOT': str(project)}
-    ok = subprocess.run([sys.executable, '-c', 'from fusion_nb.reproduce import main; raise SystemExit(main())', 'reproduce', '--profile', 'demo'],
-                        env=env, capture_output=True, text=True)
+def cli(project, *args, env=None):
+    return subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce import main; raise SystemExit(main(sys.argv[1:]))', *args],
+                          env={**os.environ, 'FUSION_NB_ROOT': str(project), **(env or {})}, capture_output=True, text=True)
+
+def test_cli(project):
+    ok = cli(project, 'reproduce', '--profile', 'demo', '--no-progress')
     assert ok.returncode == 0, ok.stderr
+    assert '[00_ok] done' in ok.stdout and 'report: ' in ok.stdout
     (project/'settings.ini').write_text(SETTINGS.replace('should_fail = no', 'should_fail = yes'))
-    bad = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce import main; sys.argv[0]="fusion-nb"; raise SystemExit(main(sys.argv[1:]))',
-                          'reproduce', '--profile', 'demo'], env=env, capture_output=True, text=True)
-    assert bad.returncode == 1 and '1 experiment(s) failed: 01_flaky' in bad.stderr
-    unknown = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce import main; raise SystemExit(main(sys.argv[1:]))',
-                              'reproduce', '--profile', 'nope'], env=env, capture_output=True, text=True)
-    assert unknown.returncode == 2 and "unknown profile 'nope'" in unknown.stderr
+    bad = cli(project, 'reproduce', '--profile', 'demo', '--no-progress')
+    out = project/'outputs'/'demo'
+    assert bad.returncode == 1
+    assert f"1 experiment(s) failed: 01_flaky. See their executed notebooks ({out/'01_flaky.failed.ipynb'}) and {out/'REPORT.md'}" in bad.stderr
+    unknown = cli(project, 'reproduce', '--profile', 'nope')
+    assert unknown.returncode == 2 and "fusion-nb: error: unknown profile 'nope'" in unknown.stderr
+    only = cli(project, 'reproduce', '--profile', 'demo', '--only', 'zz')
+    assert only.returncode == 2 and "unknown experiment(s) 'zz'. Experiments: 00_ok, 01_flaky" in only.stderr
+    listing = cli(project, 'list')
+    assert listing.returncode == 0 and 'demo' in listing.stdout and 'a scratch profile' in listing.stdout
+    assert '00_ok title' in listing.stdout and listing.stdout.index('00_ok') < listing.stdout.index('01_flaky')
 
-def test_paper_profile_offline_fails_at_once(monkeypatch):
-    monkeypatch.delenv('FUSION_NB_ROOT', raising=False)
-    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+def test_paper_profile_offline_fails_at_once(tmp_path):
+    "The real clip-vit-b32 profile, no hub and empty caches: exit 2 within seconds, saying what to do, nothing run."
     t0 = time.time()
-    with pytest.raises(FusionError, match="profile 'clip-vit-b32' needs the Hugging Face Hub"):
-        reproduce('clip-vit-b32', log=lambda s: None)
-    assert time.time() - t0 < 5
+    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce import main; raise SystemExit(main(sys.argv[1:]))',
+                        'reproduce', '--profile', 'clip-vit-b32'],
+                       env={**{k: v for k, v in os.environ.items() if k != 'FUSION_NB_ROOT'}, 'HF_HUB_OFFLINE': '1', 'HF_HOME': str(tmp_path)},
+                       capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert r.returncode == 2, r.stderr
+    assert "profile 'clip-vit-b32' needs the Hugging Face Hub" in r.stderr and 'openai/clip-vit-base-patch32' in r.stderr
+    assert time.time() - t0 < 30   # the import of torch and co. included; prepare() itself is tested for < 5 s in test_profiles
+    assert 'running' not in r.stdout
+
+def test_individual_experiment_through_the_runner(micro_project, tmp_path):
+    "The real 00_individual notebook, run by the runner on the micro test project: table, figure, report, skip."
+    lines = []
+    status = reproduce('micro-test', only=['00_individual'], output_root=tmp_path, progress=False, log=lines.append,
+                       settings=micro_project/'settings.ini')
+    assert status == {'00_individual': 'ok'}, '\n'.join(lines)
+    out = tmp_path/'micro-test'/'00_individual'
+    rec = pd.read_csv(out/'results.csv')
+    assert set(rec.columns) >= {'model', 'task', 'metric', 'value'}
+    table = pd.read_csv(out/'table.csv', index_col=0)
+    assert list(table.index) == ['Pre-trained', 'Fine-tuned (STL)'] and list(table.columns) == ['shapes', 'colors', 'Avg.']
+    acc = rec[rec['metric'] == 'accuracy'].set_index(['model', 'task'])['value'] * 100
+    assert table.loc['Pre-trained', 'colors'] == pytest.approx(acc[('pretrained', 'colors')])
+    assert table.loc['Fine-tuned (STL)', 'shapes'] == pytest.approx(acc[('finetuned:shapes', 'shapes')])
+    assert table.loc['Fine-tuned (STL)', 'Avg.'] == pytest.approx((acc[('finetuned:shapes', 'shapes')] + acc[('finetuned:colors', 'colors')]) / 2)
+    assert json.loads((out/'inputs.json').read_text())['parameters']['batch_size'] == 5   # the profile's value, injected
+    assert (out/'individual_accuracy.png').read_bytes()[:4] == b'\x89PNG'
+    report = (tmp_path/'micro-test'/'REPORT.md').read_text()
+    assert '## 00_individual — Individual models' in report and '| Fine-tuned (STL) |' in report
+    assert '![individual_accuracy](00_individual/individual_accuracy.png)' in report
+    assert reproduce('micro-test', only=['00_individual'], output_root=tmp_path, progress=False, log=lines.append,
+                     settings=micro_project/'settings.ini') == {'00_individual': 'skipped'}

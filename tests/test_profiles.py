@@ -1,0 +1,190 @@
+"Profiles from settings.ini: parsing, checks, hub access (fail fast, or run offline from the caches), prepare()."
+import http.server, json, os, socket, threading, time
+from pathlib import Path
+
+import pytest
+
+import fusion_nb.benchmark
+from fusion_nb.core import FusionError, UnknownNameError
+from fusion_nb.profiles import hub_reachable, list_profiles, load_profile, missing_from_cache, prepare
+
+SETTINGS = """
+[DEFAULT]
+seed = 7
+batch_size = 16
+tasks = cars svhn mnist
+class_names = catalog
+[local]
+description = local models and datasets
+build = micro
+pretrained = ./models/clip
+expert_template = ./models/clip_{task}
+expert.mnist = /abs/mnist_expert
+dataset_template = ../shared/datasets/{task}
+[hubby]
+hub = true
+device = cuda
+dtype = bf16
+max_test_samples = 200
+pretrained = owner/clip-base
+expert_template = owner/clip-base_{task}
+expert.cars = owner/clip-base_stanford-cars
+dataset_template = owner/{task}
+dataset.svhn = someone/svhn:cropped_digits
+extra_knob = 0.5
+"""
+
+@pytest.fixture
+def settings(tmp_path):
+    p = tmp_path/'project'/'settings.ini'; p.parent.mkdir()
+    p.write_text(SETTINGS)
+    return p
+
+def test_templates_overrides_and_paths(settings):
+    root = settings.parent
+    p = load_profile('local', settings=settings)
+    assert (p.name, p.root, p.tasks, p.seed, p.batch_size, p.build, p.hub) == ('local', root, ['cars', 'svhn', 'mnist'], 7, 16, 'micro', False)
+    assert p.pretrained == str(root/'models'/'clip')                       # ./ → under the folder of settings.ini
+    assert p.experts == {'cars': str(root/'models'/'clip_cars'), 'svhn': str(root/'models'/'clip_svhn'), 'mnist': '/abs/mnist_expert'}
+    assert p.datasets['svhn'] == str(root.parent/'shared'/'datasets'/'svhn')  # ../ resolved too
+    assert p.hub_sources() == {'models': [], 'datasets': []}
+    h = load_profile('hubby', settings=settings)
+    assert h.experts == {'cars': 'owner/clip-base_stanford-cars', 'svhn': 'owner/clip-base_svhn', 'mnist': 'owner/clip-base_mnist'}
+    assert h.datasets == {'cars': 'owner/cars', 'svhn': 'someone/svhn:cropped_digits', 'mnist': 'owner/mnist'}  # id:config kept
+    assert (h.hub, h.device, h.dtype, h.max_test_samples, h.extra) == (True, 'cuda', 'bf16', 200, {'extra_knob': '0.5'})
+    assert h.hub_sources()['datasets'] == ['owner/cars', 'someone/svhn:cropped_digits', 'owner/mnist']
+    assert list_profiles(settings) == ['local', 'hubby']
+
+def test_overrides_and_params(settings):
+    p = load_profile('hubby', settings=settings, batch_size=4, tasks=['mnist'], device=None)
+    assert (p.batch_size, p.tasks, p.device, list(p.experts)) == (4, ['mnist'], 'cuda', ['mnist'])
+    params = p.params()
+    assert json.loads(json.dumps(params)) == params                        # simple values only (papermill can inject them)
+    assert params['tasks'] == ['mnist'] and params['extra_knob'] == '0.5' and params['hub'] is True
+    assert not {'root', 'experts', 'datasets', 'extra'} & set(params)
+
+def test_default_profile_is_tiny(monkeypatch, tmp_path):
+    (tmp_path/'settings.ini').write_text(SETTINGS.replace('[local]', '[tiny]'))
+    monkeypatch.setenv('FUSION_NB_ROOT', str(tmp_path))
+    assert load_profile().name == 'tiny' and load_profile().pretrained == str(tmp_path/'models'/'clip')
+
+def test_unknown_profile_lists_the_profiles(settings):
+    with pytest.raises(UnknownNameError, match=r"unknown profile 'nope'\. Profiles in .*settings.ini: local, hubby"):
+        load_profile('nope', settings=settings)
+    with pytest.raises(FusionError, match="settings file .*missing.ini' does not exist"):
+        load_profile('local', settings=settings.parent/'missing.ini')
+
+@pytest.mark.parametrize('key, value, why', [
+    ('batch_size', 'lots', 'expected an integer'), ('batch_size', '0', 'expected an integer ≥ 1'),
+    ('max_test_samples', '-1', 'expected an integer ≥ 0'), ('num_workers', '1.5', 'expected an integer'),
+    ('seed', 'x', 'expected an integer'), ('hub', 'maybe', 'expected true or false'),
+    ('class_names', 'wordnet', "expected 'catalog' or 'dataset'"), ('device', 'gpu', "expected 'auto', 'cpu'"),
+    ('dtype', 'float13', "unknown dtype 'float13'"), ('tasks', '', 'no task names'), ('tasks', 'a b a', 'a task is named twice'),
+])
+def test_bad_values_name_profile_and_key(settings, key, value, why):
+    settings.write_text(SETTINGS + f"[bad]\npretrained = owner/clip\n{key} = {value}\n")
+    load_profile('hubby', settings=settings)   # the other profiles still load
+    with pytest.raises(FusionError) as e:
+        load_profile('bad', settings=settings)
+    assert f"profile 'bad': {key} = {value!r} is invalid: {why}" in str(e.value)
+
+def test_missing_pretrained(settings):
+    settings.write_text(SETTINGS.replace('pretrained = owner/clip-base\n', ''))
+    with pytest.raises(FusionError, match="profile 'hubby': missing key 'pretrained'"):
+        load_profile('hubby', settings=settings)
+
+def test_real_settings_profiles():
+    "The project's own profiles all parse; the paper profiles name paper 000's hub ids."
+    assert {'tiny', 'micro', 'clip-vit-b32', 'clip-vit-l14'} <= set(list_profiles())
+    for name in list_profiles(): load_profile(name)
+    l14 = load_profile('clip-vit-l14')
+    assert l14.pretrained == 'openai/clip-vit-large-patch14' and l14.experts['gtsrb'] == 'tanganke/clip-vit-large-patch14_gtsrb'
+    assert l14.datasets['mnist'] == 'ylecun/mnist' and l14.hub and l14.max_test_samples == 0 and l14.test_split == 'test'
+
+# --- hub access -------------------------------------------------------------------------------------------------
+
+def test_hub_reachable(monkeypatch):
+    monkeypatch.delenv('HF_HUB_OFFLINE', raising=False)
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self): self.send_response(404); self.end_headers()
+        def log_message(self, *a): pass
+    srv = http.server.HTTPServer(('127.0.0.1', 0), NotFound)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    silent = socket.socket(); silent.bind(('127.0.0.1', 0)); silent.listen()   # accepts connections, never answers
+    closed = socket.socket(); closed.bind(('127.0.0.1', 0)); port = closed.getsockname()[1]; closed.close()
+    try:
+        assert hub_reachable(endpoint=f'http://127.0.0.1:{srv.server_port}')       # any HTTP answer counts
+        assert not hub_reachable(timeout=2, endpoint=f'http://127.0.0.1:{port}')   # connection refused
+        t0 = time.time()
+        assert not hub_reachable(timeout=1, endpoint=f'http://127.0.0.1:{silent.getsockname()[1]}')
+        assert time.time() - t0 < 2.5                                              # bounded by the timeout
+        monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+        assert not hub_reachable(endpoint=f'http://127.0.0.1:{srv.server_port}')   # offline mode: not even asked
+    finally:
+        srv.shutdown(); silent.close()
+
+def fake_model(cache, repo, weights=True):
+    "A hub-cache entry as huggingface_hub lays it out: refs/main → snapshots/<commit>/."
+    d = cache/('models--' + repo.replace('/', '--')); commit = 'c' * 40
+    (d/'refs').mkdir(parents=True); (d/'refs'/'main').write_text(commit)
+    snap = d/'snapshots'/commit; snap.mkdir(parents=True)
+    (snap/'config.json').write_text('{}')
+    if weights: (snap/'model.safetensors').write_bytes(b'0')
+
+def fake_dataset(cache, source):
+    "A dataset prepared by `datasets`: <owner>___<name>/<config>/<version>/<hash>/."
+    repo, _, config = source.partition(':')
+    (cache/repo.replace('/', '___')/(config or 'default')/'0.0.0'/('f' * 16)).mkdir(parents=True)
+
+@pytest.fixture
+def caches(tmp_path, monkeypatch):
+    import datasets.config, huggingface_hub.constants
+    hub, ds = tmp_path/'hub', tmp_path/'datasets'
+    hub.mkdir(); ds.mkdir()
+    monkeypatch.setattr(huggingface_hub.constants, 'HF_HUB_CACHE', str(hub))
+    monkeypatch.setattr(datasets.config, 'HF_DATASETS_CACHE', ds)
+    return hub, ds
+
+def test_missing_from_cache(settings, caches):
+    hub, ds = caches
+    p = load_profile('hubby', settings=settings)
+    everything = ['owner/clip-base', 'owner/clip-base_stanford-cars', 'owner/clip-base_svhn', 'owner/clip-base_mnist',
+                  'dataset owner/cars', 'dataset someone/svhn:cropped_digits', 'dataset owner/mnist']
+    assert missing_from_cache(p) == everything
+    fake_model(hub, 'owner/clip-base'); fake_model(hub, 'owner/clip-base_svhn', weights=False)   # config only: not usable
+    fake_dataset(ds, 'owner/cars'); fake_dataset(ds, 'someone/svhn:full_numbers')               # another config: not usable
+    assert missing_from_cache(p) == [m for m in everything if m not in ('owner/clip-base', 'dataset owner/cars')]
+    assert load_profile('local', settings=settings).hub_sources() == {'models': [], 'datasets': []}
+
+def test_hub_profile_offline_fails_at_once(settings, caches, monkeypatch):
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    p = load_profile('hubby', settings=settings)
+    t0 = time.time()
+    with pytest.raises(FusionError) as e:
+        prepare(p, log=lambda s: None)
+    assert time.time() - t0 < 5
+    msg = str(e.value)
+    for part in ["profile 'hubby' needs the Hugging Face Hub", 'HF_HUB_OFFLINE is set', '7 of its models/datasets',
+                 'owner/clip-base', 'run it on a machine with hub access', 'HF_HOME', '--profile tiny']:
+        assert part in msg, part
+
+def test_hub_profile_runs_offline_from_complete_caches(settings, caches, monkeypatch):
+    hub, ds = caches
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1'); monkeypatch.delenv('HF_DATASETS_OFFLINE', raising=False)
+    p = load_profile('hubby', settings=settings)
+    for m in p.hub_sources()['models']: fake_model(hub, m)
+    for d in p.hub_sources()['datasets']: fake_dataset(ds, d)
+    notes = []
+    assert prepare(p, log=notes.append) is p
+    assert 'running offline' in notes[0] and os.environ['HF_DATASETS_OFFLINE'] == '1'
+
+def test_local_profile_goes_offline_and_builds(settings, monkeypatch):
+    monkeypatch.delenv('HF_HUB_OFFLINE', raising=False); monkeypatch.delenv('HF_DATASETS_OFFLINE', raising=False)
+    calls = []
+    monkeypatch.setattr(fusion_nb.benchmark, 'build_benchmark', lambda **kw: calls.append(kw))
+    p = load_profile('local', settings=settings)
+    prepare(p, progress=False)
+    assert os.environ['HF_HUB_OFFLINE'] == '1' and os.environ['HF_DATASETS_OFFLINE'] == '1'
+    assert calls == [{'scale': 'micro', 'root': settings.parent, 'progress': False}]
+    prepare(p, build=False); prepare(load_profile('local', settings=settings, build=''))
+    assert len(calls) == 1

@@ -1,0 +1,77 @@
+"The tiny zoo at micro scale: loaders on the built zoo, stale recipes rebuild, reproducible training, the accuracy check."
+import json, os
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+
+import pytest, torch
+from safetensors.torch import load_file
+from transformers import (AutoImageProcessor, AutoTokenizer, CLIPModel, CLIPTokenizer, CLIPTokenizerFast,
+                          CLIPVisionModel)
+
+from fusion_nb.benchmark import build_benchmark, verify_benchmark, zoo_accuracy
+from fusion_nb.catalog import templates_for
+from fusion_nb.core import HyperparameterError, UnknownNameError
+from fusion_nb.tiny_tasks import EIGHT_TASKS, TASKS
+from fusion_nb.tiny_zoo import EXPERT_TASKS, deterministic, zoo_config
+
+@pytest.fixture(scope='module')
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp('zoo')
+    return root, build_benchmark('micro', root, progress=False)
+
+def test_loaders_on_the_built_zoo(built):
+    _, base = built
+    clip_dir = base/'models'/'clip-vit-tiny'
+    clip = CLIPModel.from_pretrained(clip_dir)
+    proc = AutoImageProcessor.from_pretrained(clip_dir)
+    for cls in (CLIPTokenizer, CLIPTokenizerFast, AutoTokenizer):
+        tok = cls.from_pretrained(clip_dir)
+        for t in EIGHT_TASKS:   # every prompt the benchmark makes: one token per word, no byte fallback
+            for c in TASKS[t].classnames[:3]:
+                p = templates_for(t)[0].format(c)
+                assert all(x.endswith('</w>') for x in tok.tokenize(p)), p
+    assert clip.config.vision_config.hidden_size == zoo_config('micro').hidden_size
+    for t in EXPERT_TASKS:
+        enc = CLIPVisionModel.from_pretrained(base/'models'/f'clip-vit-tiny_{t}')
+        assert enc.config.hidden_size == clip.config.vision_config.hidden_size
+    assert proc.crop_size == {'height': 32, 'width': 32}
+
+def test_experts_keep_the_text_tower(built):
+    "Only the vision encoder is fine-tuned: an expert directory holds no text weights and differs from the pretrained encoder."
+    _, base = built
+    pre = load_file(base/'models'/'clip-vit-tiny'/'model.safetensors')
+    for t in ['svhn', 'dtd']:
+        ex = load_file(base/'models'/f'clip-vit-tiny_{t}'/'model.safetensors')
+        assert not any('text' in k for k in ex)
+        assert any(not torch.equal(v, pre['vision_model.' + k.removeprefix('vision_model.')]) for k, v in ex.items())
+
+def test_stale_zoo_recipe_rebuilds_models_only(built, tmp_path):
+    root, base = built
+    before = json.loads((base/'manifest.json').read_text())
+    build_benchmark('micro', root, progress=False, threads=1)            # another thread count: another zoo recipe
+    after = json.loads((base/'manifest.json').read_text())
+    assert after['rebuilt_now'] == {'datasets': [], 'models': ['clip', *EXPERT_TASKS]}
+    assert {k: v for k, v in after['files'].items() if k.startswith('datasets/')} == \
+           {k: v for k, v in before['files'].items() if k.startswith('datasets/')}
+    assert verify_benchmark('micro', root) == []
+    build_benchmark('micro', root, progress=False, threads=before['threads'])   # back: rebuilt to the same weights
+    assert json.loads((base/'manifest.json').read_text())['files'] == before['files']
+
+def test_zoo_accuracy_is_a_table_of_percentages(built):
+    root, _ = built
+    acc = zoo_accuracy('micro', root, tasks=['mnist', 'gtsrb'], progress=False)
+    assert list(acc.columns) == ['mnist', 'gtsrb', 'avg'] and len(acc) == 4
+    assert ((acc >= 0) & (acc <= 100)).all().all()
+    assert acc.loc['zero-shot', 'avg'] == pytest.approx(acc.loc['zero-shot', ['mnist', 'gtsrb']].mean(), abs=0.06)
+
+def test_deterministic_restores_and_checks():
+    n = torch.get_num_threads()
+    with pytest.raises(RuntimeError):
+        with deterministic(1):
+            assert torch.get_num_threads() == 1 and torch.are_deterministic_algorithms_enabled()
+            raise RuntimeError('boom')
+    assert torch.get_num_threads() == n and not torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(HyperparameterError, match='threads'):
+        with deterministic(0): pass
+
+def test_unknown_scale():
+    with pytest.raises(UnknownNameError, match="unknown scale 'huge'"): build_benchmark('huge', '/nonexistent', progress=False)
