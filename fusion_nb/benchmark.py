@@ -19,10 +19,13 @@ from .core import atomic_write_text, get_device, project_root
 from .catalog import templates_for
 from .tiny_tasks import EIGHT_TASKS, SCALES, TASKS, build_datasets, vocabulary
 from .tiny_zoo import EXPERT_TASKS, deterministic, finetune_expert, pretrain_clip, zoo_config
+from .core import atomic_dir
+from .corruptions import corrupt_dataset
 import fusion_nb
 
 # %% auto #0
-__all__ = ['benchmark_dir', 'recipes', 'build_benchmark', 'verify_benchmark', 'zoo_accuracy']
+__all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'benchmark_dir', 'recipes',
+           'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'zoo_accuracy']
 
 # %% ../nbs/14_benchmark.ipynb #3b65e732
 def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
@@ -44,6 +47,10 @@ def _versions()->dict:
     return {'fusion_nb': fusion_nb.__version__, 'torch': torch.__version__, 'transformers': transformers.__version__,
             'datasets': datasets.__version__}
 
+ROBUSTNESS_TASKS = ['stanford_cars', 'eurosat', 'resisc45', 'gtsrb']  # paper 000's robustness table, in its order
+ROBUSTNESS_CORRUPTIONS = ['motion_blur', 'impulse_noise', 'gaussian_noise', 'pixelate', 'spatter', 'contrast', 'jpeg_compression']
+CORRUPTION_SEVERITY = 3  # ImageNet-C's middle severity (the paper does not state one)
+
 def recipes(scale:str, seed:int=0, threads:int=2)->dict[str, str]:
     "Digests of what the datasets and the zoo of `scale` depend on (a change means: rebuild)."
     from fusion_nb import clip_factory, finetune, tiny_tasks, tiny_zoo
@@ -52,7 +59,21 @@ def recipes(scale:str, seed:int=0, threads:int=2)->dict[str, str]:
     zoo = _digest({'data': data, 'zoo': asdict(zoo_config(scale)), 'threads': threads, 'experts': EXPERT_TASKS,
                    'vocabulary': vocabulary(), 'templates': {t: templates_for(t) for t in EXPERT_TASKS},
                    'code': _source_digest(clip_factory, finetune, tiny_zoo)})
-    return {'data': data, 'zoo': zoo}
+    from fusion_nb import corruptions
+    corrupted = _digest({'data': data, 'tasks': ROBUSTNESS_TASKS, 'corruptions': ROBUSTNESS_CORRUPTIONS,
+                         'severity': CORRUPTION_SEVERITY, 'code': _source_digest(corruptions)})
+    return {'data': data, 'zoo': zoo, 'corruptions': corrupted}
+
+def add_corrupted_splits(dataset_dir:str|Path, # a saved DatasetDict with a `test` split
+                         corruptions:Sequence[str]=tuple(ROBUSTNESS_CORRUPTIONS), severity:int=CORRUPTION_SEVERITY,
+                         seed:int=0)->Path:
+    "Add one split per corruption (the test split, corrupted) to a saved dataset, rewriting it atomically."
+    from datasets import DatasetDict, load_from_disk
+    dd = load_from_disk(str(dataset_dir))
+    clean = {k: v for k, v in dd.items() if k not in corruptions}
+    out = DatasetDict({**clean, **{c: corrupt_dataset(clean['test'], c, severity, seed) for c in corruptions}})
+    with atomic_dir(dataset_dir) as tmp: out.save_to_disk(str(tmp))
+    return Path(dataset_dir)
 
 # %% ../nbs/14_benchmark.ipynb #ed96fb66
 @contextlib.contextmanager
@@ -87,12 +108,21 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
     missing_data = [t for t in TASKS if stale_data or not (base/'datasets'/t/'dataset_dict.json').exists()]
     missing_clip = stale_zoo or not (clip_dir/'config.json').exists()
     missing_experts = [t for t, d in expert_dirs.items() if missing_clip or t in missing_data or not (d/'config.json').exists()]
-    if not (missing_data or missing_clip or missing_experts): return base
+    def has_corruptions(t):
+        f = base/'datasets'/t/'dataset_dict.json'
+        return f.exists() and set(ROBUSTNESS_CORRUPTIONS) <= set(json.loads(f.read_text())['splits'])
+    stale_corrupted = old.get('recipes', {}).get('corruptions') != rec['corruptions']
+    missing_corrupted = [t for t in ROBUSTNESS_TASKS if stale_corrupted or t in missing_data or not has_corruptions(t)]
+    if not (missing_data or missing_clip or missing_experts or missing_corrupted): return base
     timings, built, device = {}, [], get_device(device or 'cpu')
     with _library_bars(progress), deterministic(threads):
         if missing_data:
             s = time.time(); build_datasets(base/'datasets', scale, seed, tasks=missing_data, progress=progress, force=True)
             timings['datasets_s'] = round(time.time() - s, 1)
+        if missing_corrupted:
+            s = time.time()
+            for t in tqdm(missing_corrupted, desc='corrupted test sets', disable=not progress): add_corrupted_splits(base/'datasets'/t, seed=seed)
+            timings['corruptions_s'] = round(time.time() - s, 1)
         if missing_clip:
             s = time.time(); pretrain_clip(clip_dir, cfg, seed=seed, device=device, progress=progress)
             timings['pretrain_s'] = round(time.time() - s, 1); built.append('clip')
@@ -103,7 +133,8 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
     files = {str(p.relative_to(base)): _sha256(p) for p in sorted(base.rglob('*'))
              if p.is_file() and p.name != 'manifest.json' and not any(part.startswith('.') for part in p.relative_to(base).parts)}
     manifest = {'scale': scale, 'seed': seed, 'threads': threads, 'built': datetime.datetime.now().isoformat(timespec='seconds'),
-                'rebuilt_now': {'datasets': missing_data, 'models': built}, 'timings': timings, 'sizes': SCALES[scale],
+                'rebuilt_now': {'datasets': missing_data, 'corrupted': missing_corrupted, 'models': built}, 'timings': timings,
+                'sizes': SCALES[scale], 'corruptions': {'tasks': ROBUSTNESS_TASKS, 'corruptions': ROBUSTNESS_CORRUPTIONS, 'severity': CORRUPTION_SEVERITY},
                 'zoo': asdict(cfg), 'tasks': list(TASKS), 'expert_tasks': EXPERT_TASKS, 'versions': _versions(),
                 'recipes': rec, 'files': files}
     atomic_write_text(base/'manifest.json', json.dumps(manifest, indent=1))

@@ -131,6 +131,10 @@ class TaskPool:
     def names(self)->list[str]: return list(self.tasks)
     def __repr__(self)->str: return f"TaskPool({', '.join(self.tasks)})"
 
+    def with_split(self, split:str)->TaskPool:
+        "The same tasks evaluated on another split (e.g. a corrupted test set such as `'contrast'`)."
+        return TaskPool([Task(t.name, t.source, split, t._class_names, t.templates) for t in self.tasks.values()])
+
     @classmethod
     def from_profile(cls,
                      profile, # a fusion_nb.profiles.Profile (or anything with its attributes)
