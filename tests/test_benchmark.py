@@ -6,7 +6,7 @@ import pandas as pd
 import pytest, torch
 from datasets import ClassLabel, load_from_disk
 
-from fusion_nb.benchmark import build_benchmark
+from fusion_nb.benchmark import ROBUSTNESS_CORRUPTIONS, ROBUSTNESS_TASKS, build_benchmark
 from fusion_nb.checkpoints import vision_state_dict
 from fusion_nb.tiny_tasks import EIGHT_TASKS, SCALES, TASKS
 
@@ -36,7 +36,12 @@ def test_reproduce_micro_builds_on_first_use(project):
 def test_dataset_schema_and_sizes(project):
     for t in EIGHT_TASKS:
         dd = load_from_disk(str(project/'data'/'micro'/'datasets'/t))
-        assert {s: len(dd[s]) for s in dd} == SCALES['micro']
+        clean = {s: len(dd[s]) for s in dd if s in SCALES['micro']}
+        assert clean == SCALES['micro']
+        # the robustness tasks also carry one corrupted copy of the test split per corruption
+        extra = set(dd) - set(clean)
+        assert extra == (set(ROBUSTNESS_CORRUPTIONS) if t in ROBUSTNESS_TASKS else set())
+        assert all(len(dd[c]) == SCALES['micro']['test'] and dd[c]['label'] == dd['test']['label'] for c in extra)
         assert isinstance(dd['test'].features['label'], ClassLabel)
         assert dd['test'].features['label'].names == list(TASKS[t].classnames)
         assert dd['test'][0]['image'].size == (32, 32)
