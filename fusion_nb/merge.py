@@ -22,17 +22,25 @@ from .methods_della import della
 from .methods_model_stock import model_stock
 from .methods_interpolation import slerp, wise_ft
 from .methods_ensemble import ensemble, EnsembleSpec, is_ensemble
+# data-based and test-time methods (they take `data=MergeData(...)`)
+from .methods_fisher import fisher_merging
+from .methods_regmean import regmean
+from .methods_adamerging import task_wise_adamerging, layer_wise_adamerging
+from .methods_concrete import concrete_task_arithmetic, concrete_layer_wise_adamerging
 
 _all_ = ['MERGE_METHODS', 'MergedStateDict', 'merge_streaming', 'simple_average', 'weighted_average', 'uniform_soup',
          'greedy_soup', 'soup_grid_search', 'affine_grid', 'task_arithmetic', 'ties_merging', 'ties_thresholds',
          'PAPER_000_TIES', 'dare_task_arithmetic', 'dare_ties', 'della', 'model_stock', 'slerp', 'wise_ft', 'ensemble',
-         'EnsembleSpec', 'is_ensemble']
+         'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean', 'task_wise_adamerging', 'layer_wise_adamerging',
+         'concrete_task_arithmetic', 'concrete_layer_wise_adamerging']
 
 # %% auto #0
 __all__ = ['method_defaults', 'methods_table', 'merge', 'MERGE_METHODS', 'MergedStateDict', 'merge_streaming', 'simple_average',
            'weighted_average', 'uniform_soup', 'greedy_soup', 'soup_grid_search', 'affine_grid', 'task_arithmetic',
            'ties_merging', 'ties_thresholds', 'PAPER_000_TIES', 'dare_task_arithmetic', 'dare_ties', 'della',
-           'model_stock', 'slerp', 'wise_ft', 'ensemble', 'EnsembleSpec', 'is_ensemble']
+           'model_stock', 'slerp', 'wise_ft', 'ensemble', 'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean',
+           'task_wise_adamerging', 'layer_wise_adamerging', 'concrete_task_arithmetic',
+           'concrete_layer_wise_adamerging']
 
 # %% ../nbs/29_merge.ipynb #b34bb2e5
 _RUNTIME = {'progress', 'check', 'device'}
