@@ -12,21 +12,21 @@ from typing import Any, Mapping
 import pandas as pd
 
 from .core import HyperparameterError
-from .merging import MERGE_METHODS, MergedStateDict, merge_streaming
-from .methods_soups import (simple_average, weighted_average, uniform_soup, greedy_soup, soup_grid_search,
+from .methods.registry import MERGE_METHODS, MergedStateDict, merge_streaming
+from .methods.soups import (simple_average, weighted_average, uniform_soup, greedy_soup, soup_grid_search,
                                      affine_grid)
-from .methods_task_arithmetic import task_arithmetic
-from .methods_ties import ties_merging, ties_thresholds, PAPER_000_TIES
-from .methods_dare import dare_task_arithmetic, dare_ties
-from .methods_della import della
-from .methods_model_stock import model_stock
-from .methods_interpolation import slerp, wise_ft
-from .methods_ensemble import ensemble, EnsembleSpec, is_ensemble
+from .methods.task_arithmetic import task_arithmetic
+from .methods.ties import ties_merging, ties_thresholds, PAPER_000_TIES
+from .methods.dare import dare_task_arithmetic, dare_ties
+from .methods.della import della
+from .methods.model_stock import model_stock
+from .methods.interpolation import slerp, wise_ft
+from .methods.ensemble import ensemble, EnsembleSpec, is_ensemble
 # data-based and test-time methods (they take `data=MergeData(...)`)
-from .methods_fisher import fisher_merging
-from .methods_regmean import regmean
-from .methods_adamerging import task_wise_adamerging, layer_wise_adamerging
-from .methods_concrete import concrete_task_arithmetic, concrete_layer_wise_adamerging
+from .methods.fisher import fisher_merging
+from .methods.regmean import regmean
+from .methods.adamerging import task_wise_adamerging, layer_wise_adamerging
+from .methods.concrete import concrete_task_arithmetic, concrete_layer_wise_adamerging
 
 _all_ = ['MERGE_METHODS', 'MergedStateDict', 'merge_streaming', 'simple_average', 'weighted_average', 'uniform_soup',
          'greedy_soup', 'soup_grid_search', 'affine_grid', 'task_arithmetic', 'ties_merging', 'ties_thresholds',

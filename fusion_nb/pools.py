@@ -137,7 +137,7 @@ class TaskPool:
 
     @classmethod
     def from_profile(cls,
-                     profile, # a fusion_nb.profiles.Profile (or anything with its attributes)
+                     profile, # a fusion_nb.reproduce.profiles.Profile (or anything with its attributes)
                      tasks:Sequence[str]|None=None, # only these tasks (default: the profile's)
                     )->TaskPool:
         "The task pool a profile describes."
@@ -173,7 +173,7 @@ class ModelPool:
 
     @classmethod
     def from_profile(cls,
-                     profile, # a fusion_nb.profiles.Profile (or anything with its attributes)
+                     profile, # a fusion_nb.reproduce.profiles.Profile (or anything with its attributes)
                      tasks:Sequence[str]|None=None, # only the experts of these tasks (default: the profile's tasks)
                     )->ModelPool:
         "The model pool a profile describes."

@@ -1,6 +1,6 @@
 """Shared fixtures: a micro project (CLIP dir, experts, datasets, settings.ini) built once per session.
 
-The micro models are random-weight CLIPs made by `fusion_nb.clip_factory` and loaded through exactly the
+The micro models are random-weight CLIPs made by `fusion_nb.tiny.clip_factory` and loaded through exactly the
 loaders a hub id goes through; the datasets have the schema of `tanganke/<task>` (`image`, `label` ClassLabel).
 The same weights are also saved the way transformers 4 saved them, to check that both layouts load alike.
 """
@@ -77,7 +77,7 @@ dataset_template = ./datasets/{{task}}
 def micro_project(tmp_path_factory):
     """A scratch project root: settings.ini (profiles `micro-test` and `micro-test-old-layout`), models/ (CLIP,
     experts, and their transformers-4 copies), datasets/ (one per task of `MICRO_TASKS`), nbs/experiments (a link)."""
-    from fusion_nb.clip_factory import make_clip_dir, make_expert_dirs
+    from fusion_nb.tiny.clip_factory import make_clip_dir, make_expert_dirs
     root = tmp_path_factory.mktemp('micro_project')
     words = [t.format(c) for cs in MICRO_TASKS.values() for c in cs for t in MICRO_TEMPLATES]
     make_clip_dir(root/'models'/'clip', words, seed=0)

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest, torch
 from datasets import ClassLabel, load_from_disk
 
-from fusion_nb.benchmark import ROBUSTNESS_CORRUPTIONS, ROBUSTNESS_TASKS, build_benchmark
+from fusion_nb.tiny.build import ROBUSTNESS_CORRUPTIONS, ROBUSTNESS_TASKS, build_benchmark
 from fusion_nb.checkpoints import vision_state_dict
-from fusion_nb.tiny_tasks import EIGHT_TASKS, SCALES, TASKS
+from fusion_nb.tiny.tasks import EIGHT_TASKS, SCALES, TASKS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def project(tmp_path_factory):
 
 def test_reproduce_micro_builds_on_first_use(project):
     env = {**os.environ, 'FUSION_NB_ROOT': str(project)}
-    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce import main; raise SystemExit(main(sys.argv[1:]))',
+    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))',
                         'reproduce', '--profile', 'micro', '--only', '00_individual'], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     base = project/'data'/'micro'

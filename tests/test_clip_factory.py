@@ -12,7 +12,7 @@ from transformers import (AutoImageProcessor, AutoTokenizer, CLIPModel, CLIPToke
                           CLIPVisionModel)
 
 from fusion_nb.checkpoints import vision_state_dict
-from fusion_nb.clip_factory import BOS, CLIP_MEAN, CLIP_STD, EOS, build_tokenizer_files, make_clip_dir, make_expert_dirs
+from fusion_nb.tiny.clip_factory import BOS, CLIP_MEAN, CLIP_STD, EOS, build_tokenizer_files, make_clip_dir, make_expert_dirs
 
 WORDS = ['a photo of a red sedan.', 'a satellite photo of herbaceous vegetation land.', 'a "no entry" traffic sign.',
          'a photo of the number 7.', 'checkered texture']
@@ -74,7 +74,7 @@ def test_clip_dir_is_seeded(clip_dir, tmp_path):
     assert any(not torch.equal(ref[k], other[k]) for k in ref if ref[k].is_floating_point())
 
 def test_clip_dir_is_atomic(tmp_path, monkeypatch):
-    import fusion_nb.clip_factory as cf
+    import fusion_nb.tiny.clip_factory as cf
     good = make_clip_dir(tmp_path/'m', WORDS, seed=0, **SMALL)
     before = (good/'model.safetensors').read_bytes()
     def broken(*args, **kwargs): raise OSError('disk full')

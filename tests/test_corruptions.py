@@ -8,8 +8,8 @@ from datasets import load_from_disk
 from PIL import Image
 
 from fusion_nb.core import HyperparameterError, UnknownNameError
-from fusion_nb.corruptions import CORRUPTIONS, PARAMS, corrupt, corrupt_dataset
-from fusion_nb.tiny_tasks import build_split, build_task
+from fusion_nb.tiny.corruptions import CORRUPTIONS, PARAMS, corrupt, corrupt_dataset
+from fusion_nb.tiny.tasks import build_split, build_task
 
 SEVEN = {'motion_blur', 'impulse_noise', 'gaussian_noise', 'pixelate', 'spatter', 'contrast', 'jpeg_compression'}
 RANDOM = {'motion_blur', 'impulse_noise', 'gaussian_noise', 'spatter'}   # the others are deterministic functions of the image

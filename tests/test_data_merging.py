@@ -8,9 +8,9 @@ from torch import nn
 from torch.func import functional_call
 
 from fusion_nb.core import HyperparameterError, NonFiniteError
-from fusion_nb.merging import MERGE_METHODS, MergedStateDict
-from fusion_nb.methods_fisher import fisher_information, fisher_merge, fisher_merging, fisher_norm
-from fusion_nb.methods_regmean import reduce_non_diagonal, regmean, regmean_grams, regmean_merge
+from fusion_nb.methods.registry import MERGE_METHODS, MergedStateDict
+from fusion_nb.methods.fisher import fisher_information, fisher_merge, fisher_merging, fisher_norm
+from fusion_nb.methods.regmean import reduce_non_diagonal, regmean, regmean_grams, regmean_merge
 
 D64 = torch.float64
 
@@ -149,9 +149,9 @@ TASKS = ['gtsrb', 'mnist', 'eurosat']
 
 @pytest.fixture(scope='module')
 def micro(tmp_path_factory):
-    from fusion_nb.benchmark import build_benchmark
+    from fusion_nb.tiny.build import build_benchmark
     from fusion_nb.pools import ModelPool, TaskPool, Task, PRETRAINED
-    from fusion_nb.task_data import MergeData
+    from fusion_nb.methods.data import MergeData
     base = build_benchmark('micro', root=tmp_path_factory.mktemp('data_merging'), progress=False)
     models = ModelPool(base/'models'/'clip-vit-tiny', {t: base/'models'/f'clip-vit-tiny_{t}' for t in TASKS}, device='cpu')
     tasks = TaskPool([Task(t, base/'datasets'/t) for t in TASKS])

@@ -10,7 +10,7 @@ from torch import nn
 from fusion_nb.core import FusionError, HyperparameterError, NonFiniteError, UnknownNameError
 from fusion_nb.evaluation import ZeroShotClassifier, evaluate, image_loader, task_head, zeroshot_head
 from fusion_nb.pools import PRETRAINED, ModelPool, TaskPool
-from fusion_nb.profiles import load_profile
+from fusion_nb.reproduce.profiles import load_profile
 
 @pytest.fixture(scope='module')
 def pools(micro_project):

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest, torch
 
 from fusion_nb.algebra import TaskVector, cosine
-from fusion_nb.profiles import load_profile
+from fusion_nb.reproduce.profiles import load_profile
 from fusion_nb.pools import ModelPool, PRETRAINED
 
 def run_nb(micro_project, tmp_path, name, *params):

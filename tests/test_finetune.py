@@ -10,9 +10,9 @@ from datasets import ClassLabel, Dataset
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
-from fusion_nb.clip_factory import make_clip_dir
+from fusion_nb.tiny.clip_factory import make_clip_dir
 from fusion_nb.core import FusionError, HyperparameterError
-from fusion_nb.finetune import finetune_vision, zeroshot_head
+from fusion_nb.tiny.finetune import finetune_vision, zeroshot_head
 
 CLASSES = ['red square', 'green circle', 'blue cross']
 TEMPLATES = ['a photo of a {}.', 'a drawing of a {}.']

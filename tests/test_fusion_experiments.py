@@ -4,13 +4,13 @@ from pathlib import Path
 import pandas as pd
 import pytest, torch
 
-from fusion_nb.fusion_runs import PAPER_000_ROWS, ROW_LABELS
-from fusion_nb.profiles import load_profile, prepare
+from fusion_nb.methods.rows import PAPER_000_ROWS, ROW_LABELS
+from fusion_nb.reproduce.profiles import load_profile, prepare
 from fusion_nb.pools import ModelPool, TaskPool, PRETRAINED
 from fusion_nb.evaluation import evaluate
-from fusion_nb.methods_adamerging import layer_wise_adamerging
-from fusion_nb.methods_we_moe import weight_ensembling_moe
-from fusion_nb.task_data import MergeData
+from fusion_nb.methods.adamerging import layer_wise_adamerging
+from fusion_nb.methods.we_moe import weight_ensembling_moe
+from fusion_nb.methods.data import MergeData
 
 REPO = Path(__file__).resolve().parents[1]
 

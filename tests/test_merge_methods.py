@@ -15,7 +15,7 @@ from fusion_nb.core import HyperparameterError, IncompatibleModelsError, NonFini
 from fusion_nb.merge import (MERGE_METHODS, merge, simple_average, weighted_average, uniform_soup, greedy_soup,
                              soup_grid_search, affine_grid, task_arithmetic, ties_merging, ties_thresholds,
                              dare_task_arithmetic, dare_ties, della, model_stock, slerp, wise_ft, ensemble, is_ensemble)
-from fusion_nb.merging import merge_streaming, tensor_generator
+from fusion_nb.methods.registry import merge_streaming, tensor_generator
 
 # ---------------------------------------------------------------- fixtures and references
 

@@ -7,8 +7,8 @@ table's cells, and the pre-trained rows of the two generalization tables (the sa
 import pandas as pd
 import pytest
 
-from fusion_nb.profiles import list_profiles, load_profile
-from fusion_nb.reports import load_paper_values, paper_table
+from fusion_nb.reproduce.profiles import list_profiles, load_profile
+from fusion_nb.reproduce.reports import load_paper_values, paper_table
 
 COLUMNS = ['paper', 'table', 'model', 'method', 'task', 'metric', 'value']
 KEY = ['paper', 'table', 'model', 'method', 'task', 'metric']

@@ -13,7 +13,7 @@ from transformers import CLIPModel, CLIPVisionModel
 from fusion_nb.catalog import CATALOG, DEFAULT_TEMPLATES, class_names_for, task_text, templates_for
 from fusion_nb.core import FusionError, UnknownNameError
 from fusion_nb.pools import PRETRAINED, ModelPool, Task, TaskPool, load_split
-from fusion_nb.profiles import load_profile
+from fusion_nb.reproduce.profiles import load_profile
 from conftest import MICRO_SPLITS, MICRO_TASKS
 
 EIGHT = ['sun397', 'stanford_cars', 'resisc45', 'eurosat', 'svhn', 'gtsrb', 'mnist', 'dtd']

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-import fusion_nb.benchmark
+import fusion_nb.tiny.build
 from fusion_nb.core import FusionError, UnknownNameError
-from fusion_nb.profiles import hub_reachable, list_profiles, load_profile, missing_from_cache, prepare
+from fusion_nb.reproduce.profiles import hub_reachable, list_profiles, load_profile, missing_from_cache, prepare
 
 SETTINGS = """
 [DEFAULT]
@@ -181,7 +181,7 @@ def test_hub_profile_runs_offline_from_complete_caches(settings, caches, monkeyp
 def test_local_profile_goes_offline_and_builds(settings, monkeypatch):
     monkeypatch.delenv('HF_HUB_OFFLINE', raising=False); monkeypatch.delenv('HF_DATASETS_OFFLINE', raising=False)
     calls = []
-    monkeypatch.setattr(fusion_nb.benchmark, 'build_benchmark', lambda **kw: calls.append(kw))
+    monkeypatch.setattr(fusion_nb.tiny.build, 'build_benchmark', lambda **kw: calls.append(kw))
     p = load_profile('local', settings=settings)
     prepare(p, progress=False)
     assert os.environ['HF_HUB_OFFLINE'] == '1' and os.environ['HF_DATASETS_OFFLINE'] == '1'

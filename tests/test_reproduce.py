@@ -5,9 +5,9 @@ from pathlib import Path
 import nbformat, pandas as pd, pytest
 
 import fusion_nb
-import fusion_nb.reproduce
+import fusion_nb.reproduce.runner
 from fusion_nb.core import UnknownNameError, FusionError
-from fusion_nb.reproduce import reproduce
+from fusion_nb.reproduce.runner import reproduce
 
 SETTINGS = """
 [DEFAULT]
@@ -94,7 +94,7 @@ def test_skip_if_unchanged_and_rerun_on_change(project, monkeypatch):
     (project/'models'/'none').mkdir(parents=True); (project/'models'/'none'/'config.json').write_text('{}')
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # local data appeared
     assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped'}
-    monkeypatch.setattr(fusion_nb.reproduce, 'package_hash', lambda: 'other code')
+    monkeypatch.setattr(fusion_nb.reproduce.runner, 'package_hash', lambda: 'other code')
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # the package's sources changed
     (project/'outputs'/'demo'/'01_flaky'/'table.md').unlink(); (project/'outputs'/'demo'/'01_flaky'/'inputs.json').unlink()
     assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'ok'}  # outputs gone: rerun
@@ -149,7 +149,7 @@ def test_notebook_without_parameters_cell_is_refused_before_anything_runs(projec
     assert run(project, only=['00_ok'])[0] == {'00_ok': 'ok'}
 
 def cli(project, *args, env=None):
-    return subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce import main; raise SystemExit(main(sys.argv[1:]))', *args],
+    return subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))', *args],
                           env={**os.environ, 'FUSION_NB_ROOT': str(project), **(env or {})}, capture_output=True, text=True)
 
 def test_cli(project):
@@ -172,7 +172,7 @@ def test_cli(project):
 def test_paper_profile_offline_fails_at_once(tmp_path):
     "The real clip-vit-b32 profile, no hub and empty caches: exit 2 within seconds, saying what to do, nothing run."
     t0 = time.time()
-    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce import main; raise SystemExit(main(sys.argv[1:]))',
+    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))',
                         'reproduce', '--profile', 'clip-vit-b32'],
                        env={**{k: v for k, v in os.environ.items() if k != 'FUSION_NB_ROOT'}, 'HF_HUB_OFFLINE': '1', 'HF_HOME': str(tmp_path)},
                        capture_output=True, text=True, cwd=Path(__file__).parents[1])

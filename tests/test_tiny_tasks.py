@@ -8,7 +8,7 @@ import pytest
 from datasets import ClassLabel, DatasetDict, Image as ImageFeature, load_from_disk
 
 from fusion_nb.core import UnknownNameError
-from fusion_nb.tiny_tasks import (EIGHT_TASKS, IMAGENET_CLASSES, IMAGENET_TASKS, IMAGENET_VARIANTS, NEULIG_TASKS, PRETRAINING_TASKS,
+from fusion_nb.tiny.tasks import (EIGHT_TASKS, IMAGENET_CLASSES, IMAGENET_TASKS, IMAGENET_VARIANTS, NEULIG_TASKS, PRETRAINING_TASKS,
                                   SCALES, TASKS, build_datasets, build_split, build_task, object_masks, pretraining_corpus, vocabulary)
 
 PAPER_TASKS = ['sun397', 'stanford_cars', 'resisc45', 'eurosat', 'svhn', 'gtsrb', 'mnist', 'dtd',   # paper 000

@@ -7,11 +7,11 @@ from safetensors.torch import load_file
 from transformers import (AutoImageProcessor, AutoTokenizer, CLIPModel, CLIPTokenizer, CLIPTokenizerFast,
                           CLIPVisionModel)
 
-from fusion_nb.benchmark import build_benchmark, verify_benchmark, zoo_accuracy
+from fusion_nb.tiny.build import build_benchmark, verify_benchmark, zoo_accuracy
 from fusion_nb.catalog import templates_for
 from fusion_nb.core import HyperparameterError, UnknownNameError
-from fusion_nb.tiny_tasks import EIGHT_TASKS, TASKS
-from fusion_nb.tiny_zoo import EXPERT_TASKS, deterministic, zoo_config
+from fusion_nb.tiny.tasks import EIGHT_TASKS, TASKS
+from fusion_nb.tiny.zoo import EXPERT_TASKS, deterministic, zoo_config
 
 @pytest.fixture(scope='module')
 def built(tmp_path_factory):
