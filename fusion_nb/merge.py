@@ -1,4 +1,4 @@
-"""One import for every training-free method: `from fusion_nb.merge import ties_merging, MERGE_METHODS`, and `merge(name, pretrained, experts, **hparams)` to choose one by name.
+"""One import for every declared merge method: `from fusion_nb.merge import ties_merging, MERGE_METHODS`, and `merge(name, pretrained, experts, **hparams)` to choose one by name.
 
 Docs: https://fusion-nb.github.io/fusion_nb/merge.html.md"""
 
@@ -6,17 +6,14 @@ Docs: https://fusion-nb.github.io/fusion_nb/merge.html.md"""
 
 # %% ../nbs/29_merge.ipynb #d10def83
 from __future__ import annotations
-import inspect
 from typing import Any, Mapping
 
 import pandas as pd
 
-from .core import HyperparameterError
-from .methods.registry import MERGE_METHODS, MergedStateDict, merge_streaming
-from .methods.soups import (simple_average, weighted_average, uniform_soup, greedy_soup, soup_grid_search,
-                                     affine_grid)
+from .methods.registry import MERGE_METHODS, KINDS, MergeMethod, MergedStateDict, merge_streaming
+from .methods.soups import simple_average, weighted_average, uniform_soup, greedy_soup, soup_grid_search, affine_grid
 from .methods.task_arithmetic import task_arithmetic
-from .methods.ties import ties_merging, ties_thresholds, PAPER_000_TIES
+from .methods.ties import ties_merging, ties, ties_thresholds
 from .methods.dare import dare_task_arithmetic, dare_ties
 from .methods.della import della
 from .methods.model_stock import model_stock
@@ -27,48 +24,42 @@ from .methods.fisher import fisher_merging
 from .methods.regmean import regmean
 from .methods.adamerging import task_wise_adamerging, layer_wise_adamerging
 from .methods.concrete import concrete_task_arithmetic, concrete_layer_wise_adamerging
+from .methods.we_moe import weight_ensembling_moe
 
-_all_ = ['MERGE_METHODS', 'MergedStateDict', 'merge_streaming', 'simple_average', 'weighted_average', 'uniform_soup',
-         'greedy_soup', 'soup_grid_search', 'affine_grid', 'task_arithmetic', 'ties_merging', 'ties_thresholds',
-         'PAPER_000_TIES', 'dare_task_arithmetic', 'dare_ties', 'della', 'model_stock', 'slerp', 'wise_ft', 'ensemble',
+_all_ = ['MERGE_METHODS', 'MergeMethod', 'MergedStateDict', 'merge_streaming', 'simple_average', 'weighted_average', 'uniform_soup',
+         'greedy_soup', 'soup_grid_search', 'affine_grid', 'task_arithmetic', 'ties_merging', 'ties', 'ties_thresholds',
+         'dare_task_arithmetic', 'dare_ties', 'della', 'model_stock', 'slerp', 'wise_ft', 'ensemble',
          'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean', 'task_wise_adamerging', 'layer_wise_adamerging',
-         'concrete_task_arithmetic', 'concrete_layer_wise_adamerging']
+         'concrete_task_arithmetic', 'concrete_layer_wise_adamerging', 'weight_ensembling_moe']
+
 
 # %% auto #0
-__all__ = ['method_defaults', 'methods_table', 'merge', 'MERGE_METHODS', 'MergedStateDict', 'merge_streaming', 'simple_average',
-           'weighted_average', 'uniform_soup', 'greedy_soup', 'soup_grid_search', 'affine_grid', 'task_arithmetic',
-           'ties_merging', 'ties_thresholds', 'PAPER_000_TIES', 'dare_task_arithmetic', 'dare_ties', 'della',
+__all__ = ['method_defaults', 'methods_table', 'merge', 'MERGE_METHODS', 'MergeMethod', 'MergedStateDict', 'merge_streaming',
+           'simple_average', 'weighted_average', 'uniform_soup', 'greedy_soup', 'soup_grid_search', 'affine_grid',
+           'task_arithmetic', 'ties_merging', 'ties', 'ties_thresholds', 'dare_task_arithmetic', 'dare_ties', 'della',
            'model_stock', 'slerp', 'wise_ft', 'ensemble', 'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean',
            'task_wise_adamerging', 'layer_wise_adamerging', 'concrete_task_arithmetic',
-           'concrete_layer_wise_adamerging']
+           'concrete_layer_wise_adamerging', 'weight_ensembling_moe']
 
 # %% ../nbs/29_merge.ipynb #b34bb2e5
-_RUNTIME = {'progress', 'check', 'device'}
-
-def method_defaults(name:str, # registered method name
+def method_defaults(name:str, # registered method name (or alias)
                    )->dict[str, Any]:
-    "The hyperparameters of method `name` with their defaults (runtime switches like `progress` left out)."
-    sig = inspect.signature(MERGE_METHODS[name])
-    return {p.name: (None if p.default is inspect.Parameter.empty else p.default) for p in sig.parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _RUNTIME}
+    "The hyperparameters of method `name` with their defaults, from its declaration."
+    return MERGE_METHODS[name].defaults()
 
 def methods_table()->pd.DataFrame:
-    "Every registered method: name, function, module and default hyperparameters."
-    return pd.DataFrame([dict(method=n, function=MERGE_METHODS[n].__name__, module=MERGE_METHODS[n].__module__,
-                              defaults=method_defaults(n)) for n in MERGE_METHODS.names()])
+    "Every declared method once: name, label, kind, aliases, papers, defaults, module."
+    ms = list({id(MERGE_METHODS[n]): MERGE_METHODS[n] for n in MERGE_METHODS.names()}.values())
+    return pd.DataFrame([dict(method=m.name, label=m.label, kind=m.kind, aliases=', '.join(m.aliases), papers=', '.join(m.papers),
+                              defaults=m.defaults(), module=m.__module__) for m in sorted(ms, key=lambda m: (KINDS.index(m.kind), m.name))])
+
 
 # %% ../nbs/29_merge.ipynb #41f3d6a2
 def merge(name:str, # registered method name, e.g. 'ties_merging'
           pretrained:Mapping|None, # θ₀: pretrained state dict (plain or lazy); None for methods that do not use it
           experts:Mapping, # name → fine-tuned state dict
-          **hparams, # the method's hyperparameters (see `method_defaults(name)`)
+          **hparams, # the method's hyperparameters (see `method_defaults(name)`), `data=` and runtime switches
          )->MergedStateDict|EnsembleSpec:
-    "Merge `experts` with the method registered as `name`."
-    fn = MERGE_METHODS[name]
-    params = inspect.signature(fn).parameters
-    allowed = [p for p in list(params)[2:] if params[p].kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    unknown = sorted(set(hparams) - set(allowed))
-    if unknown:
-        raise HyperparameterError(f"merge method {name!r} has no hyperparameter(s) {', '.join(map(repr, unknown))}; "
-                                  f"it takes {', '.join(allowed)}")
-    return fn(pretrained, experts, **hparams)
+    "Merge `experts` with the method declared as `name`."
+    return MERGE_METHODS[name](pretrained, experts, **hparams)
+

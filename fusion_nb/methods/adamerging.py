@@ -7,6 +7,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/methods/adamerging.html.md"""
 # %% ../../nbs/methods/33_adamerging.ipynb #4c694aad
 from __future__ import annotations
 import json, math
+from functools import partial
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -16,12 +17,12 @@ from tqdm.auto import tqdm
 from safetensors.torch import load_file, save as safetensors_bytes
 
 from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_write, check_range, seed_everything
-from .registry import MERGE_METHODS, MergedStateDict, check_models, check_pool, check_choice, read_tensor
+from .registry import Hyper, MergeMethod, declare, MERGE_METHODS, MergedStateDict, check_models, check_pool, check_choice, read_tensor
 from .data import MergeData, entropy_loss
 
 # %% auto #0
-__all__ = ['GRANULARITIES', 'StackedTaskVectors', 'save_coefficients', 'load_coefficients', 'adamerging_step_loss',
-           'learn_coefficients', 'adamerging', 'task_wise_adamerging', 'layer_wise_adamerging']
+__all__ = ['GRANULARITIES', 'ADAMERGING_HYPERS', 'task_wise_adamerging', 'layer_wise_adamerging', 'StackedTaskVectors',
+           'save_coefficients', 'load_coefficients', 'adamerging_step_loss', 'learn_coefficients', 'adamerging']
 
 # %% ../../nbs/methods/33_adamerging.ipynb #0c82e15c
 class StackedTaskVectors:
@@ -152,21 +153,27 @@ def adamerging(pretrained:Mapping, # θ₀
     out.info.update(method=f'{granularity}_wise_adamerging', coefficients=coef.cpu(), history=history, tasks=st.tasks)
     return out
 
-def task_wise_adamerging(pretrained:Mapping, experts:Mapping, *, data:MergeData|None=None, init:float=0.3, steps:int=1000,
-                         lr:float=1e-3, batch_size:int=16, tasks:Sequence[str]|None=None, clamp:bool=False,
-                         coefficients:str|Path|Tensor|None=None, save_to:str|Path|None=None, seed:int=0,
-                         progress:bool=True, check:bool=True, device=None)->MergedStateDict:
-    "AdaMerging with one coefficient per task."
-    return adamerging(pretrained, experts, data=data, granularity='task', init=init, steps=steps, lr=lr, batch_size=batch_size,
-                      tasks=tasks, clamp=clamp, coefficients=coefficients, save_to=save_to, seed=seed, progress=progress, check=check, device=device)
 
-def layer_wise_adamerging(pretrained:Mapping, experts:Mapping, *, data:MergeData|None=None, init:float=0.3, steps:int=1000,
-                          lr:float=1e-3, batch_size:int=16, tasks:Sequence[str]|None=None, clamp:bool=False,
-                          coefficients:str|Path|Tensor|None=None, save_to:str|Path|None=None, seed:int=0,
-                          progress:bool=True, check:bool=True, device=None)->MergedStateDict:
-    "AdaMerging with one coefficient per task and parameter tensor."
-    return adamerging(pretrained, experts, data=data, granularity='layer', init=init, steps=steps, lr=lr, batch_size=batch_size,
-                      tasks=tasks, clamp=clamp, coefficients=coefficients, save_to=save_to, seed=seed, progress=progress, check=check, device=device)
+# %% ../../nbs/methods/33_adamerging.ipynb #fab7ed79
+ADAMERGING_HYPERS = {
+    'init': Hyper(0.3, 'initial coefficient', "paper 000 (FusionBench's init_values 0.3)", float),
+    'steps': Hyper(1000, 'Adam steps', 'paper 000 (1000; the original AdaMerging runs 500)', int, interval='[0, inf)'),
+    'lr': Hyper(1e-3, 'Adam learning rate', 'paper 000', float, interval='(0, inf)'),
+    'batch_size': Hyper(16, 'unlabelled test images per task per step', 'paper 000', int, interval='[1, inf)'),
+    'tasks': Hyper(None, "tasks adapted on (default: the experts'; generalisation runs pass the seen ones)"),
+    'clamp': Hyper(False, 'clamp the coefficients to [0, 1] after every step (the original AdaMerging does; FusionBench does not)',
+                   'FusionBench layer_wise_adamerging.yaml (clamp off)', bool),
+    'coefficients': Hyper(None, 'learned coefficients (tensor or file): merge without training'),
+    'save_to': Hyper(None, 'save the learned coefficients here (safetensors)'),
+    'seed': Hyper(0, 'seed of the test batches', type=int)}
+_ADA_BUDGETS = {'steps': 'adamerging_steps', 'lr': 'adamerging_lr', 'batch_size': 'tta_batch_size'}
 
-MERGE_METHODS.register('task_wise_adamerging', task_wise_adamerging)
-MERGE_METHODS.register('layer_wise_adamerging', layer_wise_adamerging)
+task_wise_adamerging = declare(MergeMethod(
+    'task_wise_adamerging', 'Task-wise AdaMerging', 'Task arithmetic with one coefficient per task, learned by test-time entropy minimisation.', 'test-time',
+    hypers=ADAMERGING_HYPERS, fuse=partial(adamerging, granularity='task'), papers={'000': {}, '001': {}}, budgets=_ADA_BUDGETS,
+    artefact='.safetensors', aliases=('adamerging_task_wise',)))
+layer_wise_adamerging = declare(MergeMethod(
+    'layer_wise_adamerging', 'Layer-wise AdaMerging', 'Task arithmetic with one coefficient per task and tensor, learned by test-time entropy minimisation.', 'test-time',
+    hypers=ADAMERGING_HYPERS, fuse=partial(adamerging, granularity='layer'), papers={'000': {}, '001': {}}, budgets=_ADA_BUDGETS,
+    artefact='.safetensors', aliases=('adamerging_layer_wise',)))
+

@@ -18,12 +18,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save as safetensors_bytes
 
 from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_write, check_range, seed_everything
-from .registry import MERGE_METHODS, MergedStateDict
+from .registry import Hyper, MergeMethod, declare, MERGE_METHODS, MergedStateDict
 from .data import MergeData, entropy_loss
 from .adamerging import StackedTaskVectors, adamerging_step_loss, learn_coefficients, _coefficient_shape
 
 # %% auto #0
-__all__ = ['sample_mask', 'save_mask', 'load_mask', 'learn_mask', 'concrete_task_arithmetic', 'concrete_layer_wise_adamerging']
+__all__ = ['concrete_task_arithmetic', 'concrete_layer_wise_adamerging', 'sample_mask', 'save_mask', 'load_mask', 'learn_mask']
 
 # %% ../../nbs/methods/35_concrete.ipynb #544f164f
 def sample_mask(logits:Mapping[str, Tensor], # mask logits per tensor key
@@ -100,7 +100,7 @@ def _final_mask(logits, temperature, seed):
     "The evaluation mask: one seeded continuous sample, rescaled (FusionBench's eval_mask_type: continuous)."
     with torch.no_grad(): return sample_mask(logits, temperature, torch.Generator().manual_seed(seed + 1))
 
-def concrete_task_arithmetic(pretrained:Mapping, experts:Mapping, *,
+def _concrete_task_arithmetic(pretrained:Mapping, experts:Mapping, *,
                              data:MergeData|None=None, # heads and unlabelled test streams (not needed with `mask`)
                              scaling_factor:float=0.3, # λ (paper 000)
                              temperature:float=0.5, initial_logits:float=0.,
@@ -126,7 +126,7 @@ def concrete_task_arithmetic(pretrained:Mapping, experts:Mapping, *,
     out.info.update(method='concrete_task_arithmetic', history=history, tasks=st.tasks, mask_logits=logits)
     return out
 
-def concrete_layer_wise_adamerging(pretrained:Mapping, experts:Mapping, *,
+def _concrete_layer_wise_adamerging(pretrained:Mapping, experts:Mapping, *,
                                    data:MergeData|None=None, # heads and unlabelled test streams
                                    init:float=0.3, temperature:float=0.5, initial_logits:float=0.,
                                    steps:int=1000, # mask (meta) steps (FusionBench: 1000)
@@ -163,5 +163,33 @@ def concrete_layer_wise_adamerging(pretrained:Mapping, experts:Mapping, *,
                     mask_logits=logits, coefficients=torch.as_tensor(coefficients).cpu())
     return out
 
-MERGE_METHODS.register('concrete_task_arithmetic', concrete_task_arithmetic)
-MERGE_METHODS.register('concrete_layer_wise_adamerging', concrete_layer_wise_adamerging)
+# %% ../../nbs/methods/35_concrete.ipynb #114b2651
+_CONCRETE_COMMON = {
+    'temperature': Hyper(0.5, 'Concrete (relaxed Bernoulli) temperature', "FusionBench's concrete_*.yaml", float, interval='(0, inf)'),
+    'initial_logits': Hyper(0., 'initial mask logits (0: keep probability 1/2)', "FusionBench's concrete_*.yaml", float),
+    'batch_size': Hyper(16, 'unlabelled test images per task per step', 'paper 000', int, interval='[1, inf)'),
+    'tasks': Hyper(None, "tasks adapted on (default: the experts')"),
+    'mask': Hyper(None, 'learned mask logits (file or dict): merge without training'),
+    'save_to': Hyper(None, 'save the learned mask logits here'),
+    'seed': Hyper(0, 'seed of the test batches and mask samples', type=int)}
+
+concrete_task_arithmetic = declare(MergeMethod(
+    'concrete_task_arithmetic', 'Concrete Task Arithmetic', 'θ₀ + λ Σₖ m ⊙ τₖ with a shared Concrete mask m learned by test-time entropy minimisation.', 'test-time',
+    hypers={'scaling_factor': Hyper(0.3, 'λ', "paper 000: 'Concrete Task Arithmetic (λ=0.3)'", float), **_CONCRETE_COMMON,
+            'steps': Hyper(2000, 'mask steps', "FusionBench's concrete_task_arithmetic.yaml", int, interval='[0, inf)'),
+            'lr': Hyper(1e-3, 'Adam learning rate of the mask logits', "FusionBench's concrete_task_arithmetic.yaml", float, interval='(0, inf)')},
+    fuse=_concrete_task_arithmetic, papers={'000': {}}, budgets={'steps': 'concrete_ta_steps', 'lr': 'concrete_lr', 'batch_size': 'tta_batch_size'},
+    artefact='.mask.safetensors'))
+
+concrete_layer_wise_adamerging = declare(MergeMethod(
+    'concrete_layer_wise_adamerging', 'Concrete Layer-wise AdaMerging', 'Layer-wise AdaMerging inside a shared Concrete mask learned by bi-level test-time entropy minimisation.', 'test-time',
+    hypers={'init': Hyper(0.3, 'initial coefficient', 'paper 000', float), **_CONCRETE_COMMON,
+            'steps': Hyper(1000, 'mask (meta) steps', "FusionBench's concrete_layer_wise_adamerging.yaml", int, interval='[0, inf)'),
+            'lr': Hyper(1e-3, 'Adam learning rate of the mask logits', "FusionBench's concrete_layer_wise_adamerging.yaml", float, interval='(0, inf)'),
+            'inner_lr': Hyper(1., "Adam learning rate of the inner coefficient step (FusionBench's base_lr)", "FusionBench's concrete_layer_wise_adamerging.yaml", float, interval='(0, inf)'),
+            'adamerging_steps': Hyper(1000, 'layer-wise AdaMerging steps with the final mask', 'paper 000', int, interval='[0, inf)'),
+            'adamerging_lr': Hyper(1e-3, 'AdaMerging learning rate', 'paper 000', float, interval='(0, inf)'),
+            'coefficients': Hyper(None, 'learned coefficients: skip AdaMerging too')},
+    fuse=_concrete_layer_wise_adamerging, papers={'000': {}}, artefact='.mask.safetensors', aliases=('concrete_adamerging_layer_wise',),
+    budgets={'steps': 'concrete_lw_steps', 'lr': 'concrete_lr', 'adamerging_steps': 'adamerging_steps', 'adamerging_lr': 'adamerging_lr', 'batch_size': 'tta_batch_size'}))
+

@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from ..core import HyperparameterError, check_range
-from .registry import MERGE_METHODS, MergedStateDict, check_pool, merge_streaming, tensor_generator
-from .ties import ties_merging
+from .registry import Hyper, MergeMethod, declare, tensor_generator
+from .ties import TIES_HYPERS, _ties_rule, ties_merging
 
 # %% auto #0
-__all__ = ['dare_drop', 'dare_transform', 'dare_task_arithmetic', 'dare_ties']
+__all__ = ['DARE_HYPERS', 'dare_task_arithmetic', 'dare_ties', 'dare_drop', 'dare_transform']
 
 # %% ../../nbs/methods/24_dare.ipynb #6230080e
 def dare_drop(tau:Tensor, # a task-vector tensor
@@ -41,52 +41,32 @@ def dare_transform(p:float, # drop probability
     return f
 
 # %% ../../nbs/methods/24_dare.ipynb #c84a0c4b
-def dare_task_arithmetic(pretrained:Mapping, # θ₀
-                         experts:dict[str, Mapping], # name → fine-tuned state dict
-                         *,
-                         p:float=0.5, # drop probability (FusionBench's dare/task_arithmetic.yaml)
-                         scaling_factor:float=0.3, # λ (FusionBench's dare/task_arithmetic.yaml)
-                         seed:int=0, # random seed of the masks
-                         rescale:bool=True, # rescale kept entries by 1/(1 − p)
-                         progress:bool=True, # progress bar
-                         check:bool=True, # check compatibility first
-                         device=None, # compute device
-                        )->MergedStateDict:
-    "θ = θ₀ + λ Σᵢ DARE(τᵢ): task arithmetic on randomly dropped-and-rescaled task vectors."
-    experts = check_pool(experts, 'dare_task_arithmetic')
-    if pretrained is None: raise HyperparameterError("dare_task_arithmetic needs the pretrained model")
-    check_range('p', p, 0, 1, high_inclusive=False)
-    if not math.isfinite(scaling_factor): raise HyperparameterError(f"scaling_factor={scaling_factor!r} is not a finite number")
-    drop = dare_transform(p, seed, rescale)
-    def rule(key, pre, ts):
+DARE_HYPERS = {'p': Hyper(0.5, 'drop probability', "FusionBench's dare/task_arithmetic.yaml", float, interval='[0, 1)'),
+               'seed': Hyper(0, 'random seed of the masks', type=int),
+               'rescale': Hyper(True, 'rescale kept entries by 1/(1 − p)', 'DARE paper, eq. 2', bool)}
+
+def _dare_task_arithmetic_rule(pretrained, experts, hp, info, runtime):
+    "Per tensor θ₀ + λ Σᵢ DARE(τᵢ)."
+    drop, lam = dare_transform(hp['p'], hp['seed'], hp['rescale']), hp['scaling_factor']
+    def merge_tensor(key, pre, ts):
         out = pre.clone()
-        for n, t in ts.items(): out += scaling_factor * drop(n, key, t - pre)
+        for n, t in ts.items(): out += lam * drop(n, key, t - pre)
         return out
-    res = merge_streaming(pretrained, experts, rule, progress=progress, check=check, device=device, desc='DARE task arithmetic')
-    res.info.update(method='dare_task_arithmetic', p=p, scaling_factor=scaling_factor, seed=seed, rescale=rescale)
-    return res
+    return merge_tensor
 
-def dare_ties(pretrained:Mapping, # θ₀
-              experts:dict[str, Mapping], # name → fine-tuned state dict
-              *,
-              p:float=0.5, # drop probability (FusionBench's dare/ties_merging.yaml)
-              scaling_factor:float=0.5, # λ (FusionBench's dare/ties_merging.yaml)
-              k:float=20, # TIES: percentage kept by trimming
-              trim_scope:str='model', # TIES: 'model' or 'tensor'
-              disjoint:str='sum', # TIES: 'mean' or 'sum' (FusionBench's dare/ties_merging.yaml: sum)
-              seed:int=0, # random seed of the masks
-              rescale:bool=True, # rescale kept entries by 1/(1 − p)
-              progress:bool=True, # progress bars
-              check:bool=True, # check compatibility first
-              device=None, # compute device
-             )->MergedStateDict:
-    "TIES-merging of DARE-sparsified task vectors (drop and rescale first, then trim, elect, disjoint merge)."
-    experts = check_pool(experts, 'dare_ties')
-    check_range('p', p, 0, 1, high_inclusive=False)
-    res = ties_merging(pretrained, experts, scaling_factor=scaling_factor, k=k, trim_scope=trim_scope, disjoint=disjoint,
-                       delta_transform=dare_transform(p, seed, rescale), progress=progress, check=check, device=device)
-    res.info.update(method='dare_ties', p=p, seed=seed, rescale=rescale)
-    return res
+dare_task_arithmetic = declare(MergeMethod(
+    'dare_task_arithmetic', 'DARE (TA)', 'θ = θ₀ + λ Σᵢ DARE(τᵢ): task arithmetic on randomly dropped-and-rescaled task vectors.', 'training-free',
+    hypers={**DARE_HYPERS, 'scaling_factor': Hyper(0.3, 'λ', "FusionBench's dare/task_arithmetic.yaml", float)},
+    rule=_dare_task_arithmetic_rule, aliases=('dare',), papers={'004': {}}))
 
-for _name, _fn in [('dare_task_arithmetic', dare_task_arithmetic), ('dare', dare_task_arithmetic), ('dare_ties', dare_ties)]:
-    MERGE_METHODS.register(_name, _fn)
+def _dare_ties_rule(pretrained, experts, hp, info, runtime):
+    "TIES on DARE-sparsified task vectors: drop and rescale first, then trim, elect, disjoint merge."
+    return _ties_rule(pretrained, experts, {**hp, 'thresholds': None, 'delta_transform': dare_transform(hp['p'], hp['seed'], hp['rescale'])}, info, runtime)
+
+dare_ties = declare(MergeMethod(
+    'dare_ties', 'DARE (TIES)', 'TIES-merging of DARE-sparsified task vectors.', 'training-free',
+    hypers={**DARE_HYPERS, **{k: TIES_HYPERS[k] for k in ('k', 'trim_scope')},
+            'scaling_factor': Hyper(0.5, 'λ', "FusionBench's dare/ties_merging.yaml", float),
+            'disjoint': Hyper('sum', "'mean' or 'sum'", "FusionBench's dare/ties_merging.yaml", str, choices=('mean', 'sum'))},
+    rule=_dare_ties_rule, papers={'004': {}}))
+

@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from ..core import HyperparameterError, check_range
-from .registry import MERGE_METHODS, MergedStateDict, check_pool, merge_streaming, tensor_generator
+from .registry import Hyper, MergeMethod, declare, tensor_generator
 from .ties import elect_and_merge
 
 # %% auto #0
-__all__ = ['check_della', 'magprune_probabilities', 'magprune', 'della']
+__all__ = ['della', 'check_della', 'magprune_probabilities', 'magprune']
 
 # %% ../../nbs/methods/25_della.ipynb #7013fe59
 def check_della(density:float, epsilon:float)->None:
@@ -55,32 +55,25 @@ def magprune(tau:Tensor, # a task-vector tensor
     return out / p if rescale else out
 
 # %% ../../nbs/methods/25_della.ipynb #126bba27
-def della(pretrained:Mapping, # θ₀
-          experts:dict[str, Mapping], # name → fine-tuned state dict
-          *,
-          density:float=0.7, # mean keep probability (DELLA README: drop rate 0.3)
-          epsilon:float=0.07, # half-width of the keep-probability window (DELLA README: window size 0.14)
-          scaling_factor:float=1.1, # λ applied after fusing (DELLA README: lambda 1.1)
-          seed:int=0, # random seed of the masks
-          rescale:bool=True, # rescale kept entries by 1/pⱼ
-          progress:bool=True, # progress bar
-          check:bool=True, # check compatibility first
-          device=None, # compute device
-         )->MergedStateDict:
-    "DELLA: MagPrune each task vector (rank-based keep probabilities, rescale 1/pⱼ), elect signs, disjoint mean, scale by λ."
-    experts = check_pool(experts, 'della')
-    if pretrained is None: raise HyperparameterError("della needs the pretrained model (task vectors are θᵢ − θ₀)")
+def _della_rule(pretrained, experts, hp, info, runtime):
+    "Per tensor: MagPrune each task vector, elect signs, disjoint mean, scale by λ."
+    density, epsilon, seed, rescale = hp['density'], hp['epsilon'], hp['seed'], hp['rescale']
     check_della(density, epsilon)
-    if not math.isfinite(scaling_factor): raise HyperparameterError(f"scaling_factor={scaling_factor!r} is not a finite number")
-    def rule(key, pre, ts):
+    def merge_tensor(key, pre, ts):
         probs = {}  # keep probabilities per expert, sorted once per tensor
         def pruned(n):
             tau = ts[n] - pre
             if n not in probs: probs[n] = magprune_probabilities(tau, density, epsilon)
             return magprune(tau, density, epsilon, tensor_generator(seed, 'della', n, key), rescale, probs[n])
-        return pre + scaling_factor * elect_and_merge(pruned, list(ts), 'mean')  # same seed → same mask on both calls
-    res = merge_streaming(pretrained, experts, rule, progress=progress, check=check, device=device, desc='DELLA')
-    res.info.update(method='della', density=density, epsilon=epsilon, scaling_factor=scaling_factor, seed=seed, rescale=rescale)
-    return res
+        return pre + hp['scaling_factor'] * elect_and_merge(pruned, list(ts), 'mean')  # same seed → same mask on both calls
+    return merge_tensor
 
-MERGE_METHODS.register('della', della)
+della = declare(MergeMethod(
+    'della', 'DELLA', 'DELLA: MagPrune each task vector (rank-based keep probabilities, rescale 1/pⱼ), elect signs, disjoint mean, scale by λ.', 'training-free',
+    hypers={'density': Hyper(0.7, 'mean keep probability', 'DELLA README: drop rate 0.3', float, interval='(0, 1]'),
+            'epsilon': Hyper(0.07, 'half-width of the keep-probability window', 'DELLA README: window size 0.14', float, interval='[0, inf)'),
+            'scaling_factor': Hyper(1.1, 'λ applied after fusing', 'DELLA README: lambda 1.1', float),
+            'seed': Hyper(0, 'random seed of the masks', type=int),
+            'rescale': Hyper(True, 'rescale kept entries by 1/pⱼ', 'DELLA paper, §3', bool)},
+    rule=_della_rule, papers={'004': {}}))
+

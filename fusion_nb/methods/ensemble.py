@@ -13,10 +13,10 @@ import torch
 from torch import Tensor
 
 from ..core import HyperparameterError
-from .registry import MERGE_METHODS, as_state_dict, check_choice, check_models, check_pool, expert_weights
+from .registry import Hyper, MergeMethod, check_models, declare, expert_weights
 
 # %% auto #0
-__all__ = ['EnsembleSpec', 'is_ensemble', 'ensemble']
+__all__ = ['ensemble', 'EnsembleSpec', 'is_ensemble']
 
 # %% ../../nbs/methods/28_ensemble.ipynb #79d169e6
 @dataclass
@@ -44,23 +44,19 @@ def is_ensemble(obj)->bool:
     return isinstance(obj, EnsembleSpec)
 
 # %% ../../nbs/methods/28_ensemble.ipynb #8a1c06cd
-def ensemble(pretrained:Mapping|None, # the shared pretrained model (kept for the evaluation; may be None)
-             experts:dict[str, Mapping], # name → member encoder state dict
-             *,
-             weights:Mapping|list|None=None, # per-member weights (default uniform); normalised to sum to 1
-             combine:str='probs', # 'probs' (mean of softmax, paper 002) or 'logits'
-             check:bool=True, # check that the members are compatible (same architecture)
-            )->EnsembleSpec:
-    "Output-space ensemble of the experts, as a spec the evaluation runs member by member."
-    experts = check_pool(experts, 'ensemble')
-    check_choice('combine', combine, ['probs', 'logits'])
+def _ensemble(pretrained, experts, *, weights, combine, check):
+    "The experts as an `EnsembleSpec` the evaluation runs member by member."
     w = expert_weights(weights, list(experts), 1.0)
     if any(v < 0 for v in w.values()) or sum(w.values()) <= 0:
         raise HyperparameterError(f"ensemble weights must be non-negative with a positive sum, got {w}")
     if check: check_models(pretrained, experts)
-    if pretrained is not None: pretrained = as_state_dict(pretrained, 'pretrained')
     total = sum(w.values())
     w = {n: v / total for n, v in w.items()}
-    return EnsembleSpec(dict(experts), w, combine, pretrained, info=dict(method='ensemble', combine=combine, weights=w))
+    return EnsembleSpec(dict(experts), w, combine, pretrained, info=dict(weights=w))
 
-MERGE_METHODS.register('ensemble', ensemble)
+ensemble = declare(MergeMethod(
+    'ensemble', 'Ensemble (outputs)', 'Output-space ensemble of the experts, as a spec the evaluation runs member by member.', 'output-space',
+    hypers={'weights': Hyper(None, 'per-member weights (default uniform); normalised to sum to 1', type=float, per_expert=True),
+            'combine': Hyper('probs', "'probs' (mean of softmax, paper 002) or 'logits'", 'paper 002 §5 (ensembles)', str, choices=('probs', 'logits'))},
+    fuse=_ensemble, needs_pretrained=False, papers={'002': {}}))
+

@@ -16,16 +16,14 @@ from torch.func import functional_call, grad, vmap
 from tqdm.auto import tqdm
 
 from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, check_range
-from .registry import (MERGE_METHODS, MergedStateDict, as_state_dict, check_choice, check_models, check_pool,
+from .registry import (Hyper, MergeMethod, declare, MERGE_METHODS, MergedStateDict, as_state_dict, check_choice, check_models, check_pool,
                                expert_weights, merge_streaming, read_tensor, tensor_dtype, tensor_generator)
 
 # %% auto #0
-__all__ = ['PAPER_000_FISHER', 'FISHER_KINDS', 'fisher_information', 'fisher_norm', 'FisherSum', 'fisher_merge', 'fisher_merging']
+__all__ = ['FISHER_KINDS', 'fisher_merging', 'fisher_information', 'fisher_norm', 'FisherSum', 'fisher_merge']
 
 # %% ../../nbs/methods/31_fisher.ipynb #60e2e3ec
-PAPER_000_FISHER = dict(num_fisher_examples=256, batch_size=32, normalize_fisher_weight=True,
-                        minimal_fisher_weight=1e-6, exclude_param_names_regex=())  # FusionBench clip_fisher_merging.yaml
-FISHER_KINDS = ('empirical', 'sampled')
+FISHER_KINDS = ('empirical', 'sampled', 'fusionbench')
 
 # %% ../../nbs/methods/31_fisher.ipynb #052a85c6
 def _log_likelihood(logits_fn:Callable)->Callable:
@@ -51,12 +49,19 @@ def fisher_information(logits_fn:Callable[[Mapping[str, Tensor], Tensor], Tensor
     out = {k: torch.zeros_like(v) for k, v in p.items()}
     g, n = torch.Generator().manual_seed(int(seed)), 0
     gfn = grad(_log_likelihood(logits_fn))
+    def batch_objective(params, x):  # FusionBench's estimator: one gradient per batch, of Σ_batch Σ_c √p·log p (√p held constant)
+        logp = F.log_softmax(logits_fn(params, x).float(), dim=-1)
+        return (logp.detach().exp().sqrt() * logp).sum()
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='There is a performance drop')  # vmap falls back on a loop for SDPA on CPU
         for x, y in batches:
             if fisher == 'sampled':
                 with torch.no_grad(): probs = F.softmax(logits_fn(p, x).double(), dim=-1).cpu()
                 y = torch.multinomial(probs, 1, generator=g).squeeze(1)
+            if fisher == 'fusionbench':
+                gb = grad(batch_objective)(p, x)
+                for k in out: out[k].add_(gb[k].pow(2))
+                n += len(x); continue
             for s in range(0, len(x), chunk_size):
                 xs, ys = x[s:s+chunk_size], y[s:s+chunk_size]
                 if per_example == 'vmap':
@@ -149,8 +154,8 @@ def _check_data(method:str, data, names:Sequence[str])->None:
     if missing: raise HyperparameterError(f"{method}: experts are keyed by task, but the data has no task {missing} "
                                           f"(tasks: {', '.join(data.heads.tasks)})")
 
-# %% ../../nbs/methods/31_fisher.ipynb #834f4841
-def fisher_merging(pretrained:Mapping|None, # θ₀: only its key layout and integer buffers are used (may be None)
+# %% ../../nbs/methods/31_fisher.ipynb #ca0a1c21
+def _fisher_merging(pretrained:Mapping|None, # θ₀: only its key layout and integer buffers are used (may be None)
                    experts:dict[str, Mapping], # task name → fine-tuned CLIP vision state dict
                    *,
                    data=None, # a fusion_nb.methods.data.MergeData covering the experts' tasks
@@ -205,4 +210,19 @@ def fisher_merging(pretrained:Mapping|None, # θ₀: only its key layout and int
                     fisher_norms=dict(zip(names, acc.norms)), seed=data.seed)
     return res
 
-MERGE_METHODS.register('fisher_merging', fisher_merging)
+# %% ../../nbs/methods/31_fisher.ipynb #834f4841
+fisher_merging = declare(MergeMethod(
+    'fisher_merging', 'Fisher Merging', 'Elementwise Fisher-weighted average of the experts, each Fisher computed on its own task.', 'data-based',
+    hypers={'num_fisher_examples': Hyper(256, 'labelled training examples per task', "FusionBench clip_fisher_merging.yaml (paper 000)", int, interval='[1, inf)'),
+            'batch_size': Hyper(32, 'examples per data batch', 'FusionBench clip_fisher_merging.yaml', int, interval='[1, inf)'),
+            'fisher': Hyper('empirical', "'empirical' (true labels), 'sampled' (labels drawn from the model: the true Fisher), or "
+                            "'fusionbench' (squared gradient of each batch's Σ √p·log p, FusionBench's estimator)", 'Matena & Raffel §2', str, choices=FISHER_KINDS),
+            'normalize_fisher_weight': Hyper(True, "rescale each model's Fisher by 1/(global norm + ε)", 'FusionBench clip_fisher_merging.yaml', bool),
+            'minimal_fisher_weight': Hyper(1e-6, 'ε added to every Fisher entry', 'FusionBench clip_fisher_merging.yaml', float, interval='[0, inf)'),
+            'fisher_weights': Hyper(None, 'λᵢ per expert (default 1)', type=float, per_expert=True),
+            'exclude_param_names_regex': Hyper((), 'parameters matching one of these get no Fisher: averaged', 'FusionBench clip_fisher_merging.yaml'),
+            'chunk_size': Hyper(4, 'examples per vmapped per-example gradient call', type=int, interval='[1, inf)')},
+    papers={'000': {'fisher': 'fusionbench'}, '001': {'fisher': 'fusionbench'}},
+    budgets={'num_fisher_examples': 'fisher_examples', 'batch_size': 'data_batch_size'},
+    fuse=_fisher_merging, needs_pretrained=False))
+

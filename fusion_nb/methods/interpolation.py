@@ -12,10 +12,10 @@ from typing import Mapping
 from torch import Tensor
 
 from ..core import HyperparameterError, check_range
-from .registry import MERGE_METHODS, MergedStateDict, check_pool, merge_streaming
+from .registry import Hyper, MergeMethod, declare
 
 # %% auto #0
-__all__ = ['slerp_tensor', 'slerp', 'wise_ft']
+__all__ = ['slerp', 'wise_ft', 'slerp_tensor']
 
 # %% ../../nbs/methods/27_interpolation.ipynb #d82d489d
 def slerp_tensor(v0:Tensor, # first tensor
@@ -33,42 +33,28 @@ def slerp_tensor(v0:Tensor, # first tensor
     return (math.sin((1 - t) * omega) / s) * v0 + (math.sin(t * omega) / s) * v1
 
 # %% ../../nbs/methods/27_interpolation.ipynb #32f1c158
-def slerp(pretrained:Mapping|None, # unused except as key layout/buffers (may be None)
-          experts:dict[str, Mapping], # exactly two models; t = 0 is the first, t = 1 the second
-          *,
-          t:float=0.5, # interpolation position in [0, 1] (FusionBench's slerp.yaml: 0.5)
-          dot_threshold:float=0.9995, # |cos Ω| above which tensors are interpolated linearly
-          progress:bool=True, # progress bar
-          check:bool=True, # check compatibility first
-          device=None, # compute device
-         )->MergedStateDict:
-    "SLERP between exactly two models, tensor by tensor."
-    experts = check_pool(experts, 'slerp', min_experts=2, max_experts=2)
-    check_range('t', t, 0, 1)
-    check_range('dot_threshold', dot_threshold, 0, 1)
+def _slerp_rule(pretrained, experts, hp, info, runtime):
+    "Per tensor, SLERP from the first model (t = 0) to the second (t = 1)."
     a, b = list(experts)
-    res = merge_streaming(pretrained, experts, lambda key, pre, ts: slerp_tensor(ts[a], ts[b], t, dot_threshold),
-                          progress=progress, check=check, device=device, desc='SLERP')
-    res.info.update(method='slerp', t=t, models=[a, b], dot_threshold=dot_threshold)
-    return res
+    info['models'] = [a, b]
+    return lambda key, pre, ts: slerp_tensor(ts[a], ts[b], hp['t'], hp['dot_threshold'])
+
+slerp = declare(MergeMethod(
+    'slerp', 'SLERP', 'SLERP between exactly two models, tensor by tensor.', 'training-free',
+    hypers={'t': Hyper(0.5, 'interpolation position in [0, 1]', "FusionBench's slerp.yaml", float, interval='[0, 1]'),
+            'dot_threshold': Hyper(0.9995, '|cos Ω| above which tensors are interpolated linearly', "mergekit's slerp", float, interval='[0, 1]')},
+    rule=_slerp_rule, needs_pretrained=False, min_experts=2, max_experts=2))
+
 
 # %% ../../nbs/methods/27_interpolation.ipynb #73b9165c
-def wise_ft(pretrained:Mapping, # θ₀: the zero-shot (pretrained) model
-            experts:dict[str, Mapping], # exactly one fine-tuned model
-            *,
-            alpha:float=0.5, # mixing coefficient α ∈ [0, 1] (paper 003's default 0.5)
-            progress:bool=True, # progress bar
-            check:bool=True, # check compatibility first
-            device=None, # compute device
-           )->MergedStateDict:
-    "WiSE-FT: θ = (1 − α)·θ_zero-shot + α·θ_fine-tuned."
-    experts = check_pool(experts, 'wise_ft', min_experts=1, max_experts=1)
-    if pretrained is None: raise HyperparameterError("wise_ft needs the zero-shot (pretrained) model")
-    check_range('alpha', alpha, 0, 1)
-    (name,) = experts
-    res = merge_streaming(pretrained, experts, lambda key, pre, ts: (1 - alpha) * pre + alpha * ts[name],
-                          progress=progress, check=check, device=device, desc='WiSE-FT', propagates_nonfinite=True)
-    res.info.update(method='wise_ft', alpha=alpha, model=name)
-    return res
+def _wise_ft_rule(pretrained, experts, hp, info, runtime):
+    "Per tensor (1 − α)·θ₀ + α·θ_ft."
+    (name,), alpha = experts, hp['alpha']
+    info['model'] = name
+    return lambda key, pre, ts: (1 - alpha) * pre + alpha * ts[name]
 
-for _name, _fn in [('slerp', slerp), ('wise_ft', wise_ft)]: MERGE_METHODS.register(_name, _fn)
+wise_ft = declare(MergeMethod(
+    'wise_ft', 'WiSE-FT', 'WiSE-FT: θ = (1 − α)·θ_zero-shot + α·θ_fine-tuned.', 'training-free',
+    hypers={'alpha': Hyper(0.5, 'mixing coefficient α', "paper 003's default (WiSE-FT α = 0.5)", float, interval='[0, 1]')},
+    rule=_wise_ft_rule, min_experts=1, max_experts=1, propagates_nonfinite=True, papers={'003': {}}))
+

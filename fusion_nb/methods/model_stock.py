@@ -12,11 +12,10 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-from .registry import MERGE_METHODS, MergedStateDict, check_choice, check_pool, merge_streaming
-from ..core import HyperparameterError
+from .registry import Hyper, MergeMethod, declare
 
 # %% auto #0
-__all__ = ['model_stock_ratio', 'pairwise_cosines', 'mean_cosine', 'model_stock']
+__all__ = ['model_stock', 'model_stock_ratio', 'pairwise_cosines', 'mean_cosine']
 
 # %% ../../nbs/methods/26_model_stock.ipynb #716e25b4
 def model_stock_ratio(cos:float, # (mean) cosine between the task vectors
@@ -44,25 +43,18 @@ def mean_cosine(taus:Tensor, # (k, d) task vectors
     return float(c.mean()) if reduction == 'cosine' else float(torch.cos(torch.arccos(c).mean()))
 
 # %% ../../nbs/methods/26_model_stock.ipynb #2578deca
-def model_stock(pretrained:Mapping, # θ₀
-                experts:dict[str, Mapping], # name → fine-tuned state dict (at least 2)
-                *,
-                reduction:str='cosine', # for k > 2: 'cosine' (mean pairwise cosine, mergekit) or 'angle' (mean pairwise angle, FusionBench)
-                progress:bool=True, # progress bar
-                check:bool=True, # check compatibility first
-                device=None, # compute device
-               )->MergedStateDict:
-    "Model Stock: per tensor, θ = t·mean(θᵢ) + (1 − t)·θ₀ with t = k·cos θ / (1 + (k − 1)·cos θ)."
-    experts = check_pool(experts, 'model_stock', min_experts=2)
-    if pretrained is None: raise HyperparameterError("model_stock needs the pretrained model (the anchor θ₀)")
-    check_choice('reduction', reduction, ['cosine', 'angle'])
-    k, ratios = len(experts), {}
-    def rule(key, pre, ts):
+def _model_stock_rule(pretrained, experts, hp, info, runtime):
+    "Per tensor θ = t·mean(θᵢ) + (1 − t)·θ₀, with t from the task vectors' mean cosine."
+    k, ratios = len(experts), info.setdefault('ratios', {})
+    def merge_tensor(key, pre, ts):
         taus = torch.stack([(t - pre).flatten() for t in ts.values()])
-        t = ratios[key] = model_stock_ratio(mean_cosine(taus, reduction), k)
+        t = ratios[key] = model_stock_ratio(mean_cosine(taus, hp['reduction']), k)
         return t * (sum(ts.values()) / k) + (1 - t) * pre
-    res = merge_streaming(pretrained, experts, rule, progress=progress, check=check, device=device, desc='Model Stock', propagates_nonfinite=True)
-    res.info.update(method='model_stock', reduction=reduction, ratios=ratios)
-    return res
+    return merge_tensor
 
-MERGE_METHODS.register('model_stock', model_stock)
+model_stock = declare(MergeMethod(
+    'model_stock', 'Model Stock', 'Model Stock: per tensor, θ = t·mean(θᵢ) + (1 − t)·θ₀ with t = k·cos θ / (1 + (k − 1)·cos θ).', 'training-free',
+    hypers={'reduction': Hyper('cosine', "for k > 2: 'cosine' (mean pairwise cosine, mergekit) or 'angle' (mean pairwise angle, FusionBench)",
+                               'mergekit model_stock', str, choices=('cosine', 'angle'))},
+    rule=_model_stock_rule, min_experts=2, propagates_nonfinite=True, papers={'004': {}}))
+

@@ -1,4 +1,4 @@
-"""The merge-method registry and the tensor-by-tensor driver every training-free method runs on.
+"""One declaration per merge method, the registry that holds them, and the tensor-by-tensor driver every training-free method runs on.
 
 Docs: https://fusion-nb.github.io/fusion_nb/methods/registry.html.md"""
 
@@ -6,20 +6,24 @@ Docs: https://fusion-nb.github.io/fusion_nb/methods/registry.html.md"""
 
 # %% ../../nbs/methods/20_registry.ipynb #ad9a356d
 from __future__ import annotations
-import hashlib, math
+import difflib, hashlib, inspect, math, numbers, sys
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
+
+import pandas as pd
+from fastcore.basics import patch
 
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, Registry
+from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, Registry, check_range
 from ..algebra import assert_finite, check_compatible, tensor_meta
 
 # %% auto #0
-__all__ = ['MERGE_METHODS', 'TOY_SHAPES', 'MergedStateDict', 'as_state_dict', 'check_pool', 'tensor_dtype', 'compute_dtype',
-           'all_finite', 'read_tensor', 'check_models', 'merge_streaming', 'toy_pool', 'tensor_generator',
-           'check_choice', 'expert_weights']
+__all__ = ['MERGE_METHODS', 'TOY_SHAPES', 'KINDS', 'RUNTIME', 'MergedStateDict', 'as_state_dict', 'check_pool', 'tensor_dtype',
+           'compute_dtype', 'all_finite', 'read_tensor', 'check_models', 'merge_streaming', 'toy_pool', 'flat_vector',
+           'tensor_generator', 'check_choice', 'expert_weights', 'check_interval', 'Hyper', 'MergeMethod', 'declare']
 
 # %% ../../nbs/methods/20_registry.ipynb #e89fed89
 MERGE_METHODS = Registry('merge method')
@@ -160,6 +164,13 @@ def toy_pool(n_experts:int=3, # number of experts
                    for k, v in pre.items()} for n in names}
     return pre, experts
 
+# %% ../../nbs/methods/20_registry.ipynb #4d83751d
+def flat_vector(sd:Mapping, # a state dict
+               )->Tensor:
+    "Every floating-point tensor of `sd`, flattened and concatenated in key order, in float64: the naive reference the method tests compare with."
+    return torch.cat([v.detach().double().flatten() for v in sd.values() if v.is_floating_point()])
+
+
 # %% ../../nbs/methods/20_registry.ipynb #d5e31d87
 def tensor_generator(seed:int, # the user's seed
                      *parts:str, # what the stream is for, e.g. model name and tensor key
@@ -196,3 +207,178 @@ def expert_weights(weights:Mapping|Sequence|float|None, # per-expert weights: di
     if len(weights) != len(names):
         raise HyperparameterError(f"{name} has {len(weights)} values for {len(names)} experts ({', '.join(names)})")
     return {n: float(w) for n, w in zip(names, weights)}
+
+# %% ../../nbs/methods/20_registry.ipynb #d03041e0
+def check_interval(name:str, # hyperparameter name, used in the message
+                   value:float, # the number to check
+                   interval:str, # allowed values in interval notation, e.g. '(0, 100]', '[0, inf)'
+                  )->float:
+    "Return `value` if it lies in `interval`, else raise `HyperparameterError` naming `name`."
+    lo, hi = (s.strip() for s in interval.strip()[1:-1].split(','))
+    low, high = (None if lo in ('-inf', '') else float(lo)), (None if hi in ('inf', '') else float(hi))
+    return check_range(name, value, low, high, interval.strip()[0] == '[', interval.strip()[-1] == ']')
+
+def _number(name, value, method):
+    if isinstance(value, str):
+        try: value = float(value.strip())
+        except ValueError: raise HyperparameterError(f"{method}: {name}={value!r} is not a number") from None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise HyperparameterError(f"{method}: {name}={value!r} is not a number (got {type(value).__name__})")
+    if not math.isfinite(value): raise HyperparameterError(f"{method}: {name}={value!r} is not a finite number")
+    return value if type(value) in (int, float) else float(value)  # ints stay ints: messages and records show what was given
+
+
+# %% ../../nbs/methods/20_registry.ipynb #7cf94ebb
+@dataclass(frozen=True)
+class Hyper:
+    "A hyperparameter of a merge method: default, meaning, type, allowed values, and where the default comes from."
+    default:Any # the default value
+    doc:str # what it means
+    source:str='' # the paper table or reference code the default comes from
+    type:type|None=None # float, int, bool or str; None: any object (a path, a tensor, a function)
+    interval:str|None=None # allowed numbers in interval notation, e.g. '(0, 100]'
+    choices:tuple|None=None # allowed values
+    per_expert:bool=False # also one value per expert: a dict by expert name or a list in pool order
+
+    def coerce(self, name:str, value:Any, method:str='merge')->Any:
+        "`value` converted to the declared type and checked; `HyperparameterError` naming `name` otherwise."
+        if value is None and self.default is None: return None
+        if self.per_expert and isinstance(value, Mapping): return {k: self._one(f'{name}[{k!r}]', v, method) for k, v in value.items()}
+        if self.per_expert and isinstance(value, (list, tuple)): return [self._one(f'{name}[{i}]', v, method) for i, v in enumerate(value)]
+        return self._one(name, value, method)
+
+    def _one(self, name, value, method):
+        if self.type in (int, float):
+            value = _number(name, value, method)
+            if self.type is int:
+                if value != int(value): raise HyperparameterError(f"{method}: {name}={value!r} is not a whole number")
+                value = int(value)
+        elif self.type is bool:
+            if isinstance(value, str) and value.lower() in ('true', 'false'): value = value.lower() == 'true'
+            if not isinstance(value, bool): raise HyperparameterError(f"{method}: {name}={value!r} is not true or false")
+        elif self.type is str and not isinstance(value, str):
+            raise HyperparameterError(f"{method}: {name}={value!r} is not a string")
+        if self.choices is not None and value not in self.choices:
+            raise HyperparameterError(f"{method}: {name}={value!r} is not one of {', '.join(map(repr, self.choices))}")
+        if self.interval is not None: check_interval(f"{method}: {name}", value, self.interval)
+        return value
+
+
+# %% ../../nbs/methods/20_registry.ipynb #e7582927
+KINDS = ('training-free', 'data-based', 'test-time', 'output-space', 'selection')
+RUNTIME = ('progress', 'check', 'device')  # switches every method takes; never hyperparameters
+
+@dataclass(eq=False)
+class MergeMethod:
+    "A merge method, declared once: its name, label, hyperparameters with their sources, paper settings and how it merges."
+    name:str # the one name: registry key, table row, paper-values method
+    label:str # how tables print it
+    summary:str # one line: what it computes
+    kind:str # one of KINDS
+    hypers:dict=field(default_factory=dict) # hyperparameter name → Hyper
+    rule:Callable|None=None # (pretrained, experts, hp, info, runtime) → merge_tensor(key, θ₀, {name: θᵢ}); training-free methods
+    fuse:Callable|None=None # (pretrained, experts, **hp, data, progress, check, device) → result; any other method
+    papers:dict=field(default_factory=dict) # paper id → the hyperparameters of that paper's rows
+    budgets:dict=field(default_factory=dict) # hyperparameter → the profile setting (settings.ini key) that scales it
+    artefact:str|None=None # file suffix of what `save_to` writes (learned coefficients, masks, routers)
+    needs_pretrained:bool=True # θ₀ is required (task vectors), not only a key layout
+    min_experts:int=1
+    max_experts:int|None=None
+    aliases:tuple=() # other registry names for exactly this method
+    positional:tuple=() # hyperparameters also accepted positionally after `experts` (e.g. greedy_soup's evaluate_fn)
+    propagates_nonfinite:bool=False # the rule is a sum of its inputs: a NaN/Inf in them always reaches the output
+
+    def __post_init__(self):
+        check_choice('kind', self.kind, KINDS)
+        if (self.rule is None) == (self.fuse is None): raise ValueError(f"{self.name}: declare exactly one of `rule` or `fuse`")
+        for p, hp in self.papers.items(): self.resolve(hp)  # a paper's settings must be valid hyperparameters
+        self.__signature__ = self._signature()
+
+    def defaults(self)->dict: return {k: h.default for k, h in self.hypers.items()}
+    def paper_settings(self, paper:str)->dict:
+        "The hyperparameters of `paper`'s rows: the defaults overridden by the paper's settings."
+        return {**self.defaults(), **self.papers.get(paper, {})}
+
+    def resolve(self, given:Mapping)->dict:
+        "Defaults overridden by `given`, each checked; unknown names refused with a did-you-mean."
+        unknown = [k for k in given if k not in self.hypers]
+        if unknown:
+            close = [c for u in unknown for c in difflib.get_close_matches(u, list(self.hypers), n=1)]
+            raise HyperparameterError(f"merge method {self.name!r} has no hyperparameter(s) {', '.join(map(repr, unknown))}"
+                                      + (f" (did you mean {', '.join(map(repr, close))}?)" if close else '')
+                                      + f"; it takes {', '.join(self.hypers) or 'none'}")
+        return {k: h.coerce(k, given[k], self.name) if k in given else h.default for k, h in self.hypers.items()}
+
+
+# %% ../../nbs/methods/20_registry.ipynb #bcca1580
+def _check_inputs(m:MergeMethod, pretrained, experts)->tuple:
+    pool = check_pool(experts, m.name, m.min_experts, m.max_experts)
+    if m.needs_pretrained and pretrained is None:
+        raise HyperparameterError(f"{m.name} needs the pretrained model θ₀ (it merges task vectors θᵢ − θ₀)")
+    if pretrained is not None:
+        pretrained = as_state_dict(pretrained, 'pretrained')
+        first = next(iter(pool.values()))
+        if any(k.startswith('text_model.') for k in pretrained.keys()) and not any(k.startswith('text_model.') for k in first.keys()):
+            raise IncompatibleModelsError("the pretrained model is a whole CLIPModel (it has text_model.* tensors) but the experts are "
+                                          "vision encoders: pass its vision encoder, e.g. checkpoints.vision_state_dict(...)")
+    return pretrained, pool
+
+def _plain(v)->bool: return isinstance(v, (int, float, str, bool, type(None))) or (isinstance(v, (list, dict)) and len(str(v)) < 500)
+
+@patch
+def __call__(self:MergeMethod, pretrained, # θ₀: state dict (plain or lazy) or nn.Module; None where the method allows
+             experts, # name → fine-tuned state dict (or a list: model_0, model_1, ...)
+             *args, # values of the `positional` hyperparameters, in order
+             data=None, # MergeData of the experts' tasks (data-based and test-time methods)
+             progress:bool=True, check:bool=True, device=None, # runtime switches
+             **hp): # the method's hyperparameters (see `.hypers`)
+    "Merge `experts` with this method."
+    if len(args) > len(self.positional): raise TypeError(f"{self.name} takes {2 + len(self.positional)} positional arguments, got {2 + len(args)}")
+    pretrained, pool = _check_inputs(self, pretrained, experts)
+    hp = self.resolve({**dict(zip(self.positional, args)), **hp})
+    if self.rule is not None:
+        if data is not None: raise HyperparameterError(f"{self.name} is {self.kind}: it takes no data")
+        info = {}
+        rule = self.rule(pretrained, pool, hp, info, dict(progress=progress, check=check, device=device))
+        out = merge_streaming(pretrained, pool, rule, progress=progress, check=check, device=device,
+                              desc=self.label, propagates_nonfinite=self.propagates_nonfinite)
+    else:
+        runtime = dict(progress=progress, check=check, device=device, data=data)
+        accepted = inspect.signature(self.fuse).parameters
+        if data is not None and 'data' not in accepted: raise HyperparameterError(f"{self.name} is {self.kind}: it takes no data")
+        out = self.fuse(pretrained, pool, **hp, **{k: v for k, v in runtime.items() if k in accepted})
+        info = dict(getattr(out, 'info', None) or {})
+    info = {**{k: v for k, v in hp.items() if _plain(v)}, **info, 'method': self.name}
+    out.info = {'method': info.pop('method'), **info}
+    return out
+
+
+# %% ../../nbs/methods/20_registry.ipynb #67149f73
+@patch
+def _signature(self:MergeMethod)->inspect.Signature:
+    "`(pretrained, experts, *, <hyperparameters>, data, progress, check, device)`, for help() and tab completion."
+    P = inspect.Parameter
+    ps = [P('pretrained', P.POSITIONAL_OR_KEYWORD), P('experts', P.POSITIONAL_OR_KEYWORD)]
+    ps += [P(k, P.POSITIONAL_OR_KEYWORD, default=self.hypers[k].default) for k in self.positional]
+    ps += [P(k, P.KEYWORD_ONLY, default=h.default) for k, h in self.hypers.items() if k not in self.positional]
+    if self.kind in ('data-based', 'test-time'): ps.append(P('data', P.KEYWORD_ONLY, default=None))
+    ps += [P('progress', P.KEYWORD_ONLY, default=True), P('check', P.KEYWORD_ONLY, default=True), P('device', P.KEYWORD_ONLY, default=None)]
+    return inspect.Signature(ps)
+
+@patch
+def hypers_table(self:MergeMethod)->pd.DataFrame:
+    "The hyperparameters: default, meaning, allowed values and the source of each default."
+    return pd.DataFrame([dict(hyperparameter=k, default=h.default, meaning=h.doc, allowed=h.interval or (h.choices and ', '.join(map(str, h.choices))) or '',
+                              source=h.source) for k, h in self.hypers.items()]).set_index('hyperparameter')
+
+@patch
+def __repr__(self:MergeMethod): return f"MergeMethod({self.name!r}: {self.label}, {self.kind})"
+
+def declare(method:MergeMethod)->MergeMethod:
+    "Register `method` under its name and aliases; return it (so the declaration is also the module's callable)."
+    method.__qualname__, method.__name__ = method.name, method.name
+    method.__module__ = sys._getframe(1).f_globals.get('__name__', '__main__')
+    method.__doc__ = method.summary
+    for n in (method.name, *method.aliases): MERGE_METHODS.register(n, method)
+    return method
+

@@ -13,14 +13,11 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..core import FusionError, HyperparameterError, IncompatibleModelsError, NonFiniteError, check_range
-from .registry import MERGE_METHODS, MergedStateDict, as_state_dict, check_models, check_pool, merge_streaming, read_tensor
+from .registry import Hyper, MergeMethod, declare, MERGE_METHODS, MergedStateDict, as_state_dict, check_models, check_pool, merge_streaming, read_tensor
 from .fisher import _check_data, _param_keys
 
 # %% auto #0
-__all__ = ['PAPER_000_REGMEAN', 'regmean_grams', 'reduce_non_diagonal', 'RegMeanSum', 'regmean_merge', 'regmean']
-
-# %% ../../nbs/methods/32_regmean.ipynb #8830d09b
-PAPER_000_REGMEAN = dict(num_regmean_examples=256, batch_size=32, reduce_non_diagonal_ratio=0.95)  # FusionBench clip_regmean.yaml
+__all__ = ['regmean', 'regmean_grams', 'reduce_non_diagonal', 'RegMeanSum', 'regmean_merge']
 
 # %% ../../nbs/methods/32_regmean.ipynb #cb1a254f
 def regmean_grams(model:nn.Module, # the module whose nn.Linear submodules are hooked
@@ -106,7 +103,7 @@ def regmean_merge(weights:Sequence[Tensor], # per model: (out, in) weight of one
     return acc.result('weight').to(weights[0].dtype)
 
 # %% ../../nbs/methods/32_regmean.ipynb #261b9b76
-def regmean(pretrained:Mapping|None, # θ₀: only its key layout and integer buffers are used (may be None)
+def _regmean(pretrained:Mapping|None, # θ₀: only its key layout and integer buffers are used (may be None)
             experts:dict[str, Mapping], # task name → fine-tuned CLIP vision state dict
             *,
             data=None, # a fusion_nb.methods.data.MergeData covering the experts' tasks
@@ -147,4 +144,12 @@ def regmean(pretrained:Mapping|None, # θ₀: only its key layout and integer bu
                     least_squares_fallback=list(acc.fallback), seed=data.seed)
     return res
 
-MERGE_METHODS.register('regmean', regmean)
+# %% ../../nbs/methods/32_regmean.ipynb #e2784a90
+regmean = declare(MergeMethod(
+    'regmean', 'RegMean', "Per linear layer W = ((Σ G̃ᵢ)⁻¹ Σ G̃ᵢ Wᵢᵀ)ᵀ from each expert's input Gram matrices on its task; other tensors averaged.", 'data-based',
+    hypers={'num_regmean_examples': Hyper(256, 'training examples per task', 'FusionBench clip_regmean.yaml (paper 000)', int, interval='[1, inf)'),
+            'batch_size': Hyper(32, 'examples per batch', 'FusionBench clip_regmean.yaml', int, interval='[1, inf)'),
+            'reduce_non_diagonal_ratio': Hyper(0.95, 'α: off-diagonal Gram entries × α', 'FusionBench clip_regmean.yaml (paper 000)', float, interval='[0, 1]')},
+    papers={'000': {}, '001': {}}, budgets={'num_regmean_examples': 'regmean_examples', 'batch_size': 'data_batch_size'},
+    fuse=_regmean, needs_pretrained=False))
+

@@ -12,75 +12,51 @@ from typing import Callable, Iterable, Mapping, Sequence
 from tqdm.auto import tqdm
 
 from ..core import HyperparameterError, check_range
-from .registry import (MERGE_METHODS, MergedStateDict, check_models, check_pool, expert_weights, merge_streaming)
+from .registry import MERGE_METHODS, Hyper, MergeMethod, check_models, declare, expert_weights
 
 # %% auto #0
-__all__ = ['weighted_average', 'simple_average', 'uniform_soup', 'greedy_soup', 'affine_grid', 'soup_grid_search']
+__all__ = ['weighted_average', 'simple_average', 'uniform_soup', 'greedy_soup', 'soup_grid_search', 'affine_grid']
 
 # %% ../../nbs/methods/21_soups.ipynb #70310e21
-def weighted_average(pretrained:Mapping|None, # θ₀; only used as the key layout and for integer buffers (may be None)
-                     experts:dict[str, Mapping], # name → fine-tuned state dict
-                     *,
-                     weights:Mapping|Sequence|None=None, # wᵢ per expert (dict by name or list in pool order); None: 1/n each
-                     normalize:bool=False, # divide the weights by their sum (paper 004's "Linear")
-                     progress:bool=True, # progress bar over tensors
-                     check:bool=True, # check compatibility (keys, shapes, dtypes) first
-                     device=None, # compute device
-                    )->MergedStateDict:
-    "Soup θ = Σᵢ wᵢ θᵢ with arbitrary real weights (negative ones extrapolate; paper 002, eq. 3)."
-    experts = check_pool(experts, 'weighted_average')
-    w = expert_weights(weights, list(experts), 1 / len(experts))
+def _weighted_average_rule(pretrained, experts, hp, info, runtime):
+    "Per tensor Σᵢ wᵢ θᵢ (weights 1/n by default, normalised to sum 1 on request)."
+    w = expert_weights(hp['weights'], list(experts), 1 / len(experts))
     total = sum(w.values())
-    if normalize:
+    if hp['normalize']:
         if abs(total) < 1e-12: raise HyperparameterError(f"weights={list(w.values())} sum to 0 and cannot be normalised")
         w = {n: v / total for n, v in w.items()}
-    def rule(key, pre, ts): return sum(w[n] * t for n, t in ts.items())
-    res = merge_streaming(pretrained, experts, rule, progress=progress, check=check, device=device, desc='weighted average', propagates_nonfinite=True)
-    res.info.update(method='weighted_average', weights=w, affine=abs(sum(w.values()) - 1) < 1e-9)
-    return res
+    info.update(weights=w, affine=abs(sum(w.values()) - 1) < 1e-9)
+    return lambda key, pre, ts: sum(w[n] * t for n, t in ts.items())
+
+weighted_average = declare(MergeMethod(
+    'weighted_average', 'Linear', 'Soup θ = Σᵢ wᵢ θᵢ with arbitrary real weights (negative ones extrapolate; paper 002, eq. 3).', 'training-free',
+    hypers={'weights': Hyper(None, 'wᵢ per expert (dict by name or list in pool order); None: 1/n each', 'paper 002 §3', float, per_expert=True),
+            'normalize': Hyper(False, "divide the weights by their sum (paper 004's Linear)", 'paper 004 §4 (Linear)', bool)},
+    papers={'002': {}, '004': {'normalize': True}},
+    rule=_weighted_average_rule, needs_pretrained=False, aliases=('linear',), propagates_nonfinite=True))
+
 
 # %% ../../nbs/methods/21_soups.ipynb #9a12a63c
-def simple_average(pretrained:Mapping|None, # θ₀; only used as the key layout and for integer buffers (may be None)
-                   experts:dict[str, Mapping], # name → fine-tuned state dict
-                   *,
-                   progress:bool=True, # progress bar over tensors
-                   check:bool=True, # check compatibility first
-                   device=None, # compute device
-                  )->MergedStateDict:
-    "θ = (1/n) Σᵢ θᵢ: the plain average of the experts (paper 000's Simple Averaging)."
-    experts = check_pool(experts, 'simple_average')
-    def rule(key, pre, ts): return sum(ts.values()) / len(ts)
-    res = merge_streaming(pretrained, experts, rule, progress=progress, check=check, device=device, desc='simple average', propagates_nonfinite=True)
-    res.info.update(method='simple_average', experts=list(experts))
-    return res
+def _simple_average_rule(pretrained, experts, hp, info, runtime):
+    "Per tensor (1/n) Σᵢ θᵢ."
+    info['experts'] = list(experts)
+    return lambda key, pre, ts: sum(ts.values()) / len(ts)
 
-def uniform_soup(pretrained:Mapping|None, # θ₀ (layout and buffers only; may be None)
-                 experts:dict[str, Mapping], # the soup's ingredients
-                 *,
-                 progress:bool=True, # progress bar over tensors
-                 check:bool=True, # check compatibility first
-                 device=None, # compute device
-                )->MergedStateDict:
-    "The uniform soup of Wortsman et al. (paper 003's baseline): the average of all ingredients."
-    res = simple_average(pretrained, check_pool(experts, 'uniform_soup'), progress=progress, check=check, device=device)
-    res.info['method'] = 'uniform_soup'
-    return res
+simple_average = declare(MergeMethod(
+    'simple_average', 'Simple Averaging', 'θ = (1/n) Σᵢ θᵢ: the plain average of the experts.', 'training-free',
+    papers={'000': {}, '001': {}, '003': {}}, rule=_simple_average_rule, needs_pretrained=False,
+    aliases=('uniform_soup',),  # Wortsman et al.'s uniform soup (paper 003's baseline) is exactly this average
+    propagates_nonfinite=True))
+uniform_soup = simple_average
+
 
 # %% ../../nbs/methods/21_soups.ipynb #e865dc43
-def greedy_soup(pretrained:Mapping|None, # θ₀ (layout and buffers only; may be None)
-                experts:dict[str, Mapping], # candidate ingredients
-                evaluate_fn:Callable[[Mapping], float], # held-out score of a state dict (higher is better)
-                *,
-                scores:Mapping[str, float]|None=None, # each ingredient's own held-out score (default: evaluated)
-                progress:bool=True, # progress bars
-                device=None, # compute device
-               )->MergedStateDict:
-    "Greedy soup: add ingredients in order of their own held-out score, keeping each only if the soup's score improves."
-    experts = check_pool(experts, 'greedy_soup')
+def _greedy_soup(pretrained, experts, *, evaluate_fn, scores, progress, device):
+    "Add ingredients in order of their own held-out score, keeping each only if the soup's score improves."
     if evaluate_fn is None: raise HyperparameterError("greedy_soup needs evaluate_fn (a held-out score of a state dict)")
     check_models(pretrained, experts)
-    if scores is None: scores = {n: float(evaluate_fn(sd)) for n, sd in experts.items()}
-    else: scores = expert_weights(scores, list(experts), 0.0, name='scores')
+    scores = ({n: float(evaluate_fn(sd)) for n, sd in experts.items()} if scores is None
+              else expert_weights(scores, list(experts), 0.0, name='scores'))
     order = sorted(experts, key=lambda n: -scores[n])
     soup, best = [order[0]], scores[order[0]]
     best_sd = simple_average(pretrained, {order[0]: experts[order[0]]}, progress=False, check=False, device=device)
@@ -91,8 +67,15 @@ def greedy_soup(pretrained:Mapping|None, # θ₀ (layout and buffers only; may b
         history.append(dict(candidate=n, score=s, accepted=s > best))
         if s > best: soup, best, best_sd = soup + [n], s, cand
         del cand
-    best_sd.info = dict(method='greedy_soup', ingredients=soup, score=best, individual_scores=scores, history=history)
+    best_sd.info = dict(ingredients=soup, score=best, individual_scores=scores, history=history)
     return best_sd
+
+greedy_soup = declare(MergeMethod(
+    'greedy_soup', 'Greedy Soup', "Greedy soup (Wortsman et al.): ingredients by held-out score, each kept only if the soup improves.", 'selection',
+    hypers={'evaluate_fn': Hyper(None, 'held-out score of a state dict (higher is better)'),
+            'scores': Hyper(None, "each ingredient's own held-out score (default: evaluated)", type=float, per_expert=True)},
+    fuse=_greedy_soup, needs_pretrained=False, positional=('evaluate_fn',), papers={'003': {}}))
+
 
 # %% ../../nbs/methods/21_soups.ipynb #41b725c9
 def affine_grid(n:int, # number of models
@@ -122,19 +105,8 @@ def affine_grid(n:int, # number of models
     return out
 
 # %% ../../nbs/methods/21_soups.ipynb #4201c9b3
-def soup_grid_search(pretrained:Mapping|None, # θ₀ (layout and buffers only; may be None)
-                     experts:dict[str, Mapping], # the soup's models
-                     evaluate_fn:Callable[[Mapping], float], # held-out score of a state dict (higher is better)
-                     *,
-                     grid:Iterable|None=None, # weight vectors to try (pool order or dicts); default: affine_grid(n, low, high, step)
-                     low:float=-0.4, # smallest grid weight (paper 002 §5.1)
-                     high:float=1.4, # largest grid weight (paper 002 §5.1)
-                     step:float=0.2, # grid granularity (paper 002 §5.1)
-                     progress:bool=True, # progress bar over the grid
-                     device=None, # compute device
-                    )->MergedStateDict:
+def _soup_grid_search(pretrained, experts, *, evaluate_fn, grid, low, high, step, progress, device):
     "Evaluate the soup of every weight vector in `grid`; return the best, with every (weights, score) in `.info['results']`."
-    experts = check_pool(experts, 'soup_grid_search')
     if evaluate_fn is None: raise HyperparameterError("soup_grid_search needs evaluate_fn (a held-out score of a state dict)")
     names = list(experts)
     check_models(pretrained, experts)
@@ -148,11 +120,14 @@ def soup_grid_search(pretrained:Mapping|None, # θ₀ (layout and buffers only; 
         results.append({**w, 'score': s})
         if best is None or s > best: best, best_sd = s, sd
         del sd
-    best_sd.info = dict(method='soup_grid_search', best_weights=best_sd.info['weights'], score=best, results=results)
+    best_sd.info = dict(best_weights=best_sd.info['weights'], score=best, results=results)
     return best_sd
 
-# %% ../../nbs/methods/21_soups.ipynb #48d3cd9a
-for _name, _fn in [('simple_average', simple_average), ('weighted_average', weighted_average),
-                   ('linear', weighted_average), ('uniform_soup', uniform_soup),
-                   ('greedy_soup', greedy_soup), ('soup_grid_search', soup_grid_search)]:
-    MERGE_METHODS.register(_name, _fn)
+soup_grid_search = declare(MergeMethod(
+    'soup_grid_search', 'Soup grid search', 'The best of the soups of every weight vector on a grid (paper 002 §5.1).', 'selection',
+    hypers={'evaluate_fn': Hyper(None, 'held-out score of a state dict (higher is better)'),
+            'grid': Hyper(None, 'weight vectors to try (pool order or dicts); default: affine_grid(n, low, high, step)'),
+            'low': Hyper(-0.4, 'smallest grid weight', 'paper 002 §5.1', float), 'high': Hyper(1.4, 'largest grid weight', 'paper 002 §5.1', float),
+            'step': Hyper(0.2, 'grid granularity', 'paper 002 §5.1', float, interval='(0, inf)')},
+    fuse=_soup_grid_search, needs_pretrained=False, positional=('evaluate_fn',), papers={'002': {}}))
+

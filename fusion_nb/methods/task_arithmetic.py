@@ -10,34 +10,26 @@ from typing import Mapping, Sequence
 
 import math
 import torch
-from ..core import HyperparameterError
-from .registry import MERGE_METHODS, MergedStateDict, check_pool, expert_weights, merge_streaming
+from .registry import Hyper, MergeMethod, declare, expert_weights
 
 # %% auto #0
 __all__ = ['task_arithmetic']
 
 # %% ../../nbs/methods/22_task_arithmetic.ipynb #603c88a9
-def task_arithmetic(pretrained:Mapping, # θ₀: the pretrained state dict (plain or lazy)
-                    experts:dict[str, Mapping], # name → fine-tuned state dict
-                    *,
-                    scaling_factor:float|Mapping|Sequence=0.3, # λ (paper 000), or one λᵢ per expert
-                    progress:bool=True, # progress bar over tensors
-                    check:bool=True, # check compatibility (keys, shapes, dtypes) first
-                    device=None, # compute device
-                   )->MergedStateDict:
-    "θ = θ₀ + λ Σᵢ (θᵢ − θ₀), merged tensor by tensor."
-    experts = check_pool(experts, 'task_arithmetic')
-    if pretrained is None: raise HyperparameterError("task_arithmetic needs the pretrained model (task vectors are θᵢ − θ₀)")
-    lam = expert_weights(scaling_factor, list(experts), 0.3, name='scaling_factor')
-    for n, v in lam.items():
-        if not math.isfinite(v): raise HyperparameterError(f"scaling_factor={v!r} for expert {n!r} is not a finite number")
+def _task_arithmetic_rule(pretrained, experts, hp, info, runtime):
+    "Per tensor (1 − Σλᵢ)·θ₀ + Σ λᵢ·θᵢ: one fused multiply-add per expert, no temporaries."
+    lam = expert_weights(hp['scaling_factor'], list(experts), 0.3, name='scaling_factor')
     keep = 1.0 - sum(lam.values())
-    def rule(key, pre, ts):  # (1 − Σλᵢ)·θ₀ + Σ λᵢ·θᵢ: one fused multiply-add per expert, no temporaries
+    def merge_tensor(key, pre, ts):
         out = torch.mul(pre, keep)
         for n, t in ts.items(): out.add_(t, alpha=lam[n])
         return out
-    res = merge_streaming(pretrained, experts, rule, progress=progress, check=check, device=device, desc='task arithmetic', propagates_nonfinite=True)
-    res.info.update(method='task_arithmetic', scaling_factor=scaling_factor if isinstance(scaling_factor, (int, float)) else lam)
-    return res
+    return merge_tensor
 
-MERGE_METHODS.register('task_arithmetic', task_arithmetic)
+task_arithmetic = declare(MergeMethod(
+    'task_arithmetic', 'Task Arithmetic', 'θ = θ₀ + λ Σᵢ (θᵢ − θ₀), merged tensor by tensor.', 'training-free',
+    hypers={'scaling_factor': Hyper(0.3, 'λ, or one λᵢ per expert (dict by name or list in pool order)',
+                                    "paper 000, eight-task tables: 'Task Arithmetic (λ=0.3)'", float, per_expert=True)},
+    papers={'000': {'scaling_factor': 0.3}, '001': {'scaling_factor': 0.3}, '004': {}},
+    rule=_task_arithmetic_rule, propagates_nonfinite=True))
+

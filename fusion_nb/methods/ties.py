@@ -16,15 +16,11 @@ from tqdm.auto import tqdm
 
 from ..core import HyperparameterError, check_range
 from ..algebra import tensor_meta
-from .registry import (MERGE_METHODS, MergedStateDict, as_state_dict, check_choice, check_models, check_pool,
-                               merge_streaming, read_tensor, tensor_dtype)
+from .registry import (Hyper, MergeMethod, as_state_dict, check_models, check_pool, declare, read_tensor, tensor_dtype)
 
 # %% auto #0
-__all__ = ['PAPER_000_TIES', 'trim_count', 'elect_sign', 'disjoint_merge', 'elect_and_merge', 'streaming_kth_largest',
-           'ties_thresholds', 'ties_merging']
-
-# %% ../../nbs/methods/23_ties.ipynb #f2fbceae
-PAPER_000_TIES = dict(k=20, scaling_factor=0.3, trim_scope='model', disjoint='sum')
+__all__ = ['TIES_HYPERS', 'ties_merging', 'ties', 'trim_count', 'elect_sign', 'disjoint_merge', 'elect_and_merge',
+           'streaming_kth_largest', 'TiesThresholds', 'ties_thresholds']
 
 # %% ../../nbs/methods/23_ties.ipynb #d225f66f
 def trim_count(k:float, # percentage of entries to keep, in (0, 100]
@@ -103,6 +99,11 @@ def streaming_kth_largest(make_pass:Callable[[], Iterable[tuple[str, Tensor]]], 
     return {g: torch.tensor([p], dtype=itype).view(dtype).item() for g, p in prefix.items()}
 
 # %% ../../nbs/methods/23_ties.ipynb #b2409961
+class TiesThresholds(dict):
+    "Per-expert whole-model trimming thresholds, remembering the k (and the delta transform) they were computed for."
+    def __init__(self, values:Mapping[str, float], k:float, delta_transform:Callable|None=None):
+        super().__init__(values); self.k, self.delta_transform = float(k), delta_transform
+
 def _float_keys(ref:Mapping)->list[str]:
     return [k for k in ref.keys() if tensor_dtype(ref, k).is_floating_point]
 
@@ -117,7 +118,7 @@ def ties_thresholds(pretrained:Mapping, # θ₀
                     progress:bool=True, # progress bars over the passes
                     check:bool=True, # check compatibility and finiteness while streaming
                     device=None, # compute device
-                   )->dict[str, float]:
+                   )->TiesThresholds:
     "Per expert, the exact magnitude of its task vector's ⌈k·d/100⌉-th largest entry over the whole model (streaming)."
     experts = check_pool(experts, 'ties_thresholds')
     pretrained = as_state_dict(pretrained, 'pretrained')
@@ -136,55 +137,63 @@ def ties_thresholds(pretrained:Mapping, # θ₀
                 yield n, tau.abs()
                 del tau
             del pre
-    return streaming_kth_largest(make_pass, m, _selection_dtype(pretrained, keys))
+    return TiesThresholds(streaming_kth_largest(make_pass, m, _selection_dtype(pretrained, keys)), k, delta_transform)
+
 
 # %% ../../nbs/methods/23_ties.ipynb #bb74c0c1
-def ties_merging(pretrained:Mapping, # θ₀: the pretrained state dict (plain or lazy)
-                 experts:dict[str, Mapping], # name → fine-tuned state dict
-                 *,
-                 scaling_factor:float=0.3, # λ (paper 000's TIES rows)
-                 k:float=20, # percentage of each task vector kept by trimming, in (0, 100]
-                 trim_scope:str='model', # 'model': one threshold per task over the whole model (reference code); 'tensor': per tensor (mergekit)
-                 disjoint:str='mean', # 'mean' (TIES paper) or 'sum' (FusionBench, paper 000's numbers)
-                 thresholds:Mapping[str, float]|None=None, # precomputed whole-model thresholds (ties_thresholds with the same k), e.g. for λ sweeps
-                 delta_transform:Callable|None=None, # (name, key, τ) → τ applied before trimming, deterministic (DARE-TIES)
-                 progress:bool=True, # progress bars
-                 check:bool=True, # check compatibility (keys, shapes, dtypes) and finiteness
-                 device=None, # compute device
-                )->MergedStateDict:
-    "TIES-merging: trim to top-k% (whole model or per tensor), elect signs by total mass, disjoint mean/sum, scale by λ."
-    experts = check_pool(experts, 'ties_merging')
-    if pretrained is None: raise HyperparameterError("ties_merging needs the pretrained model (task vectors are θᵢ − θ₀)")
-    pretrained = as_state_dict(pretrained, 'pretrained')
-    check_range('k', k, 0, 100, low_inclusive=False)
-    check_choice('trim_scope', trim_scope, ['model', 'tensor'])
-    check_choice('disjoint', disjoint, ['mean', 'sum'])
-    if not math.isfinite(scaling_factor): raise HyperparameterError(f"scaling_factor={scaling_factor!r} is not a finite number")
-    names = list(experts)
-    if check: check_models(pretrained, experts)
-    if trim_scope == 'model':
-        if thresholds is None:
-            thresholds = ties_thresholds(pretrained, experts, k, delta_transform=delta_transform,
-                                         progress=progress, check=check, device=device)
-        missing = [n for n in names if n not in thresholds]
-        if missing: raise HyperparameterError(f"thresholds has no value for expert(s) {missing}")
-        sel = _selection_dtype(pretrained, _float_keys(pretrained))
-    def rule(key, pre, ts):
+def _model_thresholds(pretrained, experts, hp, runtime)->TiesThresholds:
+    "The whole-model thresholds of this merge: computed, or the given ones checked to be for this k and pool."
+    thr, k, dt = hp['thresholds'], hp['k'], hp['delta_transform']
+    if thr is None: return ties_thresholds(pretrained, experts, k, delta_transform=dt, **runtime)
+    missing = [n for n in experts if n not in thr]
+    if missing: raise HyperparameterError(f"thresholds has no value for expert(s) {missing}")
+    if not isinstance(thr, TiesThresholds): raise HyperparameterError("thresholds must be what ties_thresholds(pretrained, experts, k) returns (it records k)")
+    if thr.k != float(k): raise HyperparameterError(f"thresholds were computed for k={thr.k:g}, not k={k:g}: recompute them with ties_thresholds(..., k={k:g})")
+    if thr.delta_transform is not dt: raise HyperparameterError("thresholds were computed with another delta_transform than this merge's")
+    return thr
+
+def _ties_rule(pretrained, experts, hp, info, runtime):
+    "Trim (whole model or per tensor), elect signs by total mass, disjoint mean/sum, scale by λ: per tensor."
+    k, scope, dt, lam, names = hp['k'], hp['trim_scope'], hp['delta_transform'], hp['scaling_factor'], list(experts)
+    if scope == 'model':
+        thr, sel = _model_thresholds(pretrained, experts, hp, runtime), _selection_dtype(pretrained, _float_keys(pretrained))
+        info['thresholds'] = dict(thr)
+    def merge_tensor(key, pre, ts):
         tensor_thr = {}  # per-tensor scope: each expert's threshold for this tensor, computed on first use
         def trimmed(n):
             tau = ts[n] - pre
-            if delta_transform is not None: tau = delta_transform(n, key, tau)
+            if dt is not None: tau = dt(n, key, tau)
             mag = tau.abs()
-            if trim_scope == 'model': keep = (mag if mag.dtype == sel else mag.to(sel)) >= thresholds[n]
+            if scope == 'model': keep = (mag if mag.dtype == sel else mag.to(sel)) >= thr[n]
             else:
                 if n not in tensor_thr: tensor_thr[n] = mag.flatten().kthvalue(mag.numel() - trim_count(k, mag.numel()) + 1).values
                 keep = mag >= tensor_thr[n]
             return tau.mul_(keep)  # tau is a fresh tensor: trim in place
-        return pre + scaling_factor * elect_and_merge(trimmed, names, disjoint)
-    res = merge_streaming(pretrained, experts, rule, progress=progress, check=False, device=device, desc='TIES merging')
-    res.info.update(method='ties_merging', scaling_factor=scaling_factor, k=k, trim_scope=trim_scope, disjoint=disjoint,
-                    thresholds=dict(thresholds) if trim_scope == 'model' else None)
-    return res
+        return pre + lam * elect_and_merge(trimmed, names, hp['disjoint'])
+    return merge_tensor
 
-MERGE_METHODS.register('ties_merging', ties_merging)
-MERGE_METHODS.register('ties', ties_merging)  # the short name (mergekit's; the issue's papermill example)
+
+# %% ../../nbs/methods/23_ties.ipynb #817d9210
+TIES_HYPERS = {
+    'scaling_factor': Hyper(0.3, 'λ, applied to the merged task vector', "paper 000, eight-task tables: 'Ties-Merging (λ=0.3)'", float),
+    'k': Hyper(20, 'percent of each task vector kept by trimming', "TIES paper's default; paper 000 runs method.threshold=20", float, interval='(0, 100]'),
+    'trim_scope': Hyper('model', "'model': one threshold per task over the whole model (reference code, FusionBench); 'tensor': per tensor (mergekit)",
+                        'TIES reference code', str, choices=('model', 'tensor')),
+    'disjoint': Hyper('mean', "'mean' (TIES paper) or 'sum' (FusionBench's merge_func, behind paper 000's numbers)", 'TIES paper, eq. 3', str, choices=('mean', 'sum')),
+    'thresholds': Hyper(None, 'whole-model thresholds from ties_thresholds with the same k, e.g. reused across a λ sweep'),
+    'delta_transform': Hyper(None, '(name, key, τ) → τ applied before trimming, deterministic (DARE-TIES)')}
+
+ties_merging = declare(MergeMethod(
+    'ties_merging', 'Ties-Merging', 'TIES-merging: trim to top-k%, elect signs by total mass, disjoint mean/sum, scale by λ.', 'training-free',
+    hypers=TIES_HYPERS, rule=_ties_rule,
+    papers={'000': dict(k=20, scaling_factor=0.3, trim_scope='model', disjoint='sum'), '001': dict(k=20, scaling_factor=0.3, trim_scope='model', disjoint='sum'),
+            '004': {}}))
+
+
+# %% ../../nbs/methods/23_ties.ipynb #96828914
+ties = declare(MergeMethod(
+    'ties', 'TIES (per tensor, mergekit)', "TIES-merging as mergekit's `ties` runs it: per-tensor top-k%, disjoint mean, λ = 1.", 'training-free',
+    hypers={**TIES_HYPERS, 'scaling_factor': Hyper(1.0, 'λ', "mergekit's ties (weights normalised, no extra scale)", float),
+            'trim_scope': Hyper('tensor', 'per tensor, as mergekit trims', "mergekit's ties", str, choices=('model', 'tensor'))},
+    rule=_ties_rule))
+

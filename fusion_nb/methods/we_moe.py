@@ -19,12 +19,12 @@ from safetensors.torch import load_file, save as safetensors_bytes
 from transformers import CLIPVisionConfig, CLIPVisionModel
 
 from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_write, check_range, seed_everything
-from .registry import check_models, check_pool, read_tensor
+from .registry import Hyper, MergeMethod, declare, check_models, check_pool, read_tensor
 from .data import MergeData, entropy_loss
 
 # %% auto #0
-__all__ = ['Router', 'WeightEnsemblingMLP', 'build_we_moe', 'routers_state', 'we_moe_train', 'save_routers', 'load_routers',
-           'weight_ensembling_moe']
+__all__ = ['weight_ensembling_moe', 'Router', 'WeightEnsemblingMLP', 'build_we_moe', 'routers_state', 'we_moe_train',
+           'save_routers', 'load_routers']
 
 # %% ../../nbs/methods/34_we_moe.ipynb #c3d19fd5
 class Router(nn.Module):
@@ -183,3 +183,22 @@ def weight_ensembling_moe(pretrained:Mapping, experts:Mapping, *,
     else: we_moe_train(model, data, tasks=tasks, steps=steps, lr=lr, batch_size=batch_size, seed=seed, progress=progress)
     if save_to is not None: save_routers(model, save_to)
     return model.eval()
+
+# %% ../../nbs/methods/34_we_moe.ipynb #d5a7f1e8
+_weight_ensembling_moe = weight_ensembling_moe  # the implementation above; the name now means the declared method
+
+weight_ensembling_moe = declare(MergeMethod(
+    'weight_ensembling_moe', 'Weight-Ensembling MoE', 'Upscale each MLP into a weight-ensembling MoE whose routers are trained at test time; other tensors task arithmetic.', 'test-time',
+    hypers={'init_lambda': Hyper(0.3, "routers' initial output and the non-MLP task-arithmetic λ", 'paper 000', float),
+            'router_hidden_layers': Hyper(2, 'hidden layers of each router', 'paper 000', int, interval='[0, 2]'),
+            'batch_reduce': Hyper(True, 'average the routing weights over the batch during adaptation', "FusionBench's we_moe config", bool),
+            'steps': Hyper(1000, 'router training steps', 'paper 000', int, interval='[0, inf)'),
+            'lr': Hyper(1e-4, 'Adam learning rate of the routers', 'paper 000', float, interval='(0, inf)'),
+            'batch_size': Hyper(16, 'unlabelled test images per task per step', 'paper 000', int, interval='[1, inf)'),
+            'tasks': Hyper(None, "tasks adapted on (default: the experts')"),
+            'load_from': Hyper(None, 'trained routers: skip training'),
+            'save_to': Hyper(None, 'save the trained routers here'),
+            'seed': Hyper(0, 'seed of the routers and test batches', type=int)},
+    fuse=_weight_ensembling_moe, papers={'000': {}, '001': {}}, budgets={'steps': 'wemoe_steps', 'lr': 'wemoe_lr', 'batch_size': 'tta_batch_size'},
+    artefact='.routers.safetensors', aliases=('we_moe',)))
+
