@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core import atomic_write_text, get_device, project_root
+from ..core import FusionError, atomic_write_text, file_hashes, get_device, project_root
 from ..catalog import templates_for
 from .tasks import EIGHT_TASKS, SCALES, TASKS, build_datasets, vocabulary
 from .zoo import EXPERT_TASKS, deterministic, finetune_expert, pretrain_clip, zoo_config
@@ -25,7 +25,8 @@ import fusion_nb
 
 # %% auto #0
 __all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'benchmark_dir', 'recipes',
-           'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'zoo_accuracy']
+           'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir', 'changed_files', 'owners',
+           'zoo_accuracy']
 
 # %% ../../nbs/tiny/15_build.ipynb #3b65e732
 def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
@@ -106,6 +107,7 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
                     force:bool=False, # rebuild everything
                     progress:bool=True,
                     device=None, # where to train (default: cpu)
+                    log=print, # where notes on what is rebuilt go
                     threads:int=2, # torch threads while training (fixed, for reproducible weights)
                    )->Path:
     "Build what is missing (or stale) of the benchmark at `scale`; write `manifest.json`; return its folder."
@@ -114,11 +116,16 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
     old = json.loads((base/'manifest.json').read_text()) if (base/'manifest.json').exists() else {}
     stale_data = force or old.get('recipes', {}).get('data') != rec['data']
     stale_zoo = stale_data or old.get('recipes', {}).get('zoo') != rec['zoo']
+    bad = [] if force or not old else changed_files(scale, root)
+    if bad: log(f"{len(bad)} file(s) of {base} differ from its manifest or are missing ({', '.join(bad[:3])}"
+                f"{' ...' if len(bad) > 3 else ''}): rebuilding what they belong to")
+    bad_data, bad_clip, bad_experts = owners(bad)
     clip_dir = base/'models'/'clip-vit-tiny'
     expert_dirs = {t: base/'models'/f'clip-vit-tiny_{t}' for t in EXPERT_TASKS}
-    missing_data = [t for t in TASKS if stale_data or not (base/'datasets'/t/'dataset_dict.json').exists()]
-    missing_clip = stale_zoo or not (clip_dir/'config.json').exists()
-    missing_experts = [t for t, d in expert_dirs.items() if missing_clip or t in missing_data or not (d/'config.json').exists()]
+    missing_data = [t for t in TASKS if stale_data or t in bad_data or not (base/'datasets'/t/'dataset_dict.json').exists()]
+    missing_clip = stale_zoo or bad_clip or not (clip_dir/'config.json').exists()
+    missing_experts = [t for t, d in expert_dirs.items()
+                       if missing_clip or t in missing_data or t in bad_experts or not (d/'config.json').exists()]
     def has_corruptions(t):
         f = base/'datasets'/t/'dataset_dict.json'
         return f.exists() and set(ROBUSTNESS_CORRUPTIONS) <= set(json.loads(f.read_text())['splits'])
@@ -141,8 +148,7 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
         for t in tqdm(missing_experts, desc=f'experts ({scale})', disable=not progress):
             finetune_expert(clip_dir, t, base/'datasets'/t, expert_dirs[t], cfg, seed=seed, device=device, progress=progress)
         if missing_experts: timings['experts_s'] = round(time.time() - s, 1); built += missing_experts
-    files = {str(p.relative_to(base)): _sha256(p) for p in sorted(base.rglob('*'))
-             if p.is_file() and p.name != 'manifest.json' and not any(part.startswith('.') for part in p.relative_to(base).parts)}
+    files = {f: h for f, h in file_hashes(base, hash_cache_dir(root)).items() if f != 'manifest.json'}
     manifest = {'scale': scale, 'seed': seed, 'threads': threads, 'built': datetime.datetime.now().isoformat(timespec='seconds'),
                 'rebuilt_now': {'datasets': missing_data, 'corrupted': missing_corrupted, 'models': built}, 'timings': timings,
                 'sizes': SCALES[scale], 'corruptions': {'tasks': ROBUSTNESS_TASKS, 'corruptions': ROBUSTNESS_CORRUPTIONS, 'severity': CORRUPTION_SEVERITY},
@@ -155,7 +161,33 @@ def verify_benchmark(scale:str='tiny', root:str|Path|None=None)->list[str]:
     "Files of the built benchmark whose content differs from the manifest (or are missing); empty when intact."
     base = benchmark_dir(scale, root)
     files = json.loads((base/'manifest.json').read_text())['files']
-    return [f for f, h in files.items() if not (base/f).is_file() or _sha256(base/f) != h]
+    return [f for f, h in files.items() if not (base/f).is_file() or _sha256(base/f) != h]   # no cache: the slow, sure check
+
+# %% ../../nbs/tiny/15_build.ipynb #5b577392
+def hash_cache_dir(root:str|Path|None=None)->Path:
+    "Where file hashes are kept between calls: `<root>/data/cache/file_hashes` (git-ignored)."
+    return Path(root or project_root())/'data'/'cache'/'file_hashes'
+
+def changed_files(scale:str='tiny', root:str|Path|None=None)->list[str]:
+    "Files of the built benchmark whose content differs from its manifest, or that are missing (empty: intact or not built)."
+    base = benchmark_dir(scale, root)
+    try: recorded = json.loads((base/'manifest.json').read_text())['files']
+    except FileNotFoundError: return []
+    except (OSError, ValueError, KeyError) as e:
+        raise FusionError(f"{base/'manifest.json'} is unreadable ({e}); delete it and build again") from None
+    now = file_hashes(base, hash_cache_dir(root))
+    return sorted(f for f, h in recorded.items() if now.get(f) != h)
+
+def owners(files:Sequence[str])->tuple[set[str], bool, set[str]]:
+    "What changed `files` of a build belong to: (dataset tasks, the CLIP?, expert tasks); an unknown file: everything."
+    data, clip, experts = set(), False, set()
+    for f in files:
+        parts = Path(f).parts
+        if parts[:1] == ('datasets',) and len(parts) > 2: data.add(parts[1])
+        elif parts[:2] == ('models', 'clip-vit-tiny') and len(parts) > 2: clip = True
+        elif parts[:1] == ('models',) and len(parts) > 2 and parts[1].startswith('clip-vit-tiny_'): experts.add(parts[1].removeprefix('clip-vit-tiny_'))
+        else: return set(TASKS), True, set(EXPERT_TASKS)
+    return data, clip, experts
 
 # %% ../../nbs/tiny/15_build.ipynb #6bce6556
 @torch.no_grad()
