@@ -208,7 +208,7 @@ def test_hub_profile_offline_fails_at_once(settings, caches, monkeypatch):
 def test_hub_profile_runs_offline_from_complete_caches(settings, caches, monkeypatch):
     hub, ds = caches
     monkeypatch.setenv('HF_HUB_OFFLINE', '1'); monkeypatch.delenv('HF_DATASETS_OFFLINE', raising=False)
-    p = load_profile('hubby', settings=settings)
+    p = load_profile('hubby', settings=settings, device='cpu')   # its cuda is checked once the hub is: tested below
     for m in p.hub_sources()['models']: fake_model(hub, m)
     for d in p.hub_sources()['datasets']: fake_dataset(ds, d)
     notes = []
@@ -225,3 +225,15 @@ def test_local_profile_goes_offline_and_builds(settings, monkeypatch):
     assert calls == [{'scale': 'micro', 'root': settings.parent, 'progress': False}]
     prepare(p, build=False); prepare(load_profile('local', settings=settings, build=''))
     assert len(calls) == 1
+
+def test_cuda_profile_without_a_gpu_fails_in_prepare(settings, caches, monkeypatch):
+    "device = cuda on a machine without CUDA: a FusionError naming the profile before anything runs, not a bare AssertionError later."
+    import torch
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    hub, ds = caches
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    p = load_profile('hubby', settings=settings)
+    for m in p.hub_sources()['models']: fake_model(hub, m)
+    for d in p.hub_sources()['datasets']: fake_dataset(ds, d)
+    with pytest.raises(FusionError, match="profile 'hubby': device 'cuda' requested but CUDA is not available on this machine; use device='cpu'"):
+        prepare(p, log=lambda s: None)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..core import FusionError, UnknownNameError, get_dtype, project_root
+from ..core import FusionError, UnknownNameError, get_device, get_dtype, project_root
 
 # %% auto #0
 __all__ = ['BUDGET_KEYS', 'SCRATCH', 'Profile', 'is_local', 'resolve_source', 'settings_path', 'list_profiles',
@@ -241,7 +241,7 @@ def prepare(profile:Profile, # the profile about to run
             progress:bool=True, # progress bars while building
             log=print, # where notes go
            )->Profile:
-    "Get ready to run `profile`: fail fast without the hub it needs, go offline otherwise, build missing local data."
+    "Get ready to run `profile`: fail fast without the hub or device it needs, go offline otherwise, build missing local data."
     if profile.hub:
         if not hub_reachable():
             missing = missing_from_cache(profile)
@@ -250,6 +250,8 @@ def prepare(profile:Profile, # the profile about to run
             os.environ['HF_HUB_OFFLINE'] = os.environ['HF_DATASETS_OFFLINE'] = '1'
     else:
         os.environ['HF_HUB_OFFLINE'] = os.environ['HF_DATASETS_OFFLINE'] = '1'
+    try: get_device(profile.device)   # `device = cuda` on a machine without one: now, not deep inside an experiment
+    except FusionError as e: raise FusionError(f"profile {profile.name!r}: {e}") from None
     if build and profile.build:
         from fusion_nb.tiny.build import build_benchmark  # the builder of the project's own data
         build_benchmark(scale=profile.build, root=profile.root, progress=progress)
