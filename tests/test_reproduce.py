@@ -275,16 +275,19 @@ def test_outputs_follow_the_umask_and_killed_runs_leave_no_temporaries(project):
     assert (out/'00_ok'/'inputs.json').stat().st_mode & 0o777 == 0o644
 
 def test_two_runs_finishing_the_same_experiment_do_not_race(project):
-    "Both finish under a lock on the parent folder; neither fails, no temporaries remain (was ~5% failures)."
-    from fusion_nb.core import atomic_dir
-    target = project/'outputs'/'demo'/'00_ok'
+    "Runs finishing the same folder at once take turns under a lock; none fails, no temporaries remain."
+    target, ready = project/'outputs'/'demo'/'00_ok', project/'ready'
+    ready.mkdir()
     script = ("import sys, time; from pathlib import Path; from fusion_nb.core import atomic_dir\n"
-              "for i in range(30):\n"
+              "ready = Path(sys.argv[3]); (ready/sys.argv[2]).touch()\n"
+              "while len(list(ready.iterdir())) < 4: time.sleep(0.01)   # all imported: start together\n"
+              "for i in range(150):\n"
               "    with atomic_dir(Path(sys.argv[1])) as t: (t/'who').write_text(sys.argv[2])\n")
-    procs = [subprocess.Popen([sys.executable, '-c', script, str(target), str(i)], stderr=subprocess.PIPE, text=True) for i in range(3)]
+    procs = [subprocess.Popen([sys.executable, '-c', script, str(target), str(i), str(ready)], stderr=subprocess.PIPE, text=True)
+             for i in range(4)]
     errs = [p.communicate()[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], errs
-    assert (target/'who').read_text() in '012' and not leftovers(target.parent)
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errs   # before the lock: most of 4 × 150 swaps failed
+    assert (target/'who').read_text() in '0123' and not leftovers(target.parent)
 
 def test_unwritable_output_root_and_only_options(project):
     (project/'afile').write_text('')
