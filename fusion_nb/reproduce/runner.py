@@ -79,11 +79,15 @@ def notebook_hash(nb_path:str|Path)->str:
     "Hash of a notebook's cells (type and source; outputs, ids and metadata do not count)."
     return _sha([(c['cell_type'], ''.join(c['source'])) for c in json.loads(Path(nb_path).read_text())['cells']])
 
-def package_hash()->str:
-    "Hash of the fusion_nb package's sources: a code change makes every experiment rerun."
+def package_hash(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
+                )->str:
+    "Hash of the fusion_nb package's sources, subpackages included: a code change makes every experiment rerun."
+    pkg = Path(pkg_dir or Path(fusion_nb.__file__).parent)
     h = hashlib.sha256()
-    for f in sorted(Path(fusion_nb.__file__).parent.glob('*.py')):
-        h.update(f.name.encode()); h.update(f.read_bytes())
+    for f in sorted(pkg.rglob('*.py')):   # methods/, tiny/, reproduce/ too: their code makes the numbers
+        rel = f.relative_to(pkg).as_posix()
+        if rel == '_modidx.py' or '__pycache__' in rel: continue   # the docs index, not code
+        h.update(rel.encode()); h.update(f.read_bytes())
     return h.hexdigest()
 
 def hash_cache(profile:Profile)->Path:
