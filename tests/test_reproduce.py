@@ -76,6 +76,7 @@ def test_runs_injects_profile_values_and_writes_report(project):
     assert f"fusion_nb {fusion_nb.__version__}" in report
     assert '## 00_ok — 00_ok title' in report and '| 8 |' in report and '![figure](00_ok/figure.png)' in report
     assert '[run.ipynb](00_ok/run.ipynb)' in report and '## 01_flaky — 01_flaky title' in report
+    assert 's) on full test splits' in report
     assert report.index('## 00_ok') < report.index('## 01_flaky')
     assert not leftovers(out)
 
@@ -314,3 +315,13 @@ def test_hand_run_of_an_experiment_writes_to_scratch(micro_project, tmp_path):
     scratch = micro_project/'outputs'/'scratch'/'micro-test'/'00_individual'
     assert (scratch/'results.csv').exists() and not (micro_project/'outputs'/'micro-test').exists()
     assert not (scratch/'inputs.json').exists()   # nothing the runner would take for its own record
+
+def test_report_says_how_many_test_samples_each_run_used(project):
+    "The sample count comes from each run's recorded inputs, so a subset run never reads as a full-split one."
+    (project/'settings.ini').write_text(SETTINGS + 'max_test_samples = 5\n')
+    run(project, only=['00'])
+    (project/'settings.ini').write_text(SETTINGS)
+    run(project, only=['01'])
+    report = (project/'outputs'/'demo'/'REPORT.md').read_text()
+    sec = lambda name: report.split(f'## {name}')[1].split('\n## ')[0]
+    assert 'on at most 5 test samples per task' in sec('00_ok') and 'on full test splits' in sec('01_flaky')
