@@ -6,14 +6,14 @@ Docs: https://fusion-nb.github.io/fusion_nb/checkpoints.html.md"""
 
 # %% ../nbs/02_checkpoints.ipynb #d778c6be
 from __future__ import annotations
-import contextlib, copy, json, os
+import contextlib, copy, json, os, pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
 from torch import Tensor
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from transformers import CLIPConfig, CLIPVisionConfig, CLIPVisionModel
 
@@ -21,9 +21,9 @@ from .core import FusionError, IncompatibleModelsError, atomic_dir, atomic_write
 from .algebra import materialize, tensor_meta
 
 # %% auto #0
-__all__ = ['VISION_PREFIX', 'POSITION_IDS', 'is_local_source', 'hub_offline', 'resolve_model_dir', 'LazyStateDict',
-           'vision_state_dict', 'vision_config', 'check_vision_state_dict', 'load_vision_model', 'save_state_dict',
-           'save_vision_model']
+__all__ = ['VISION_PREFIX', 'POSITION_IDS', 'VISION_MODEL_FILES', 'is_local_source', 'hub_offline', 'resolve_model_dir',
+           'LazyStateDict', 'vision_state_dict', 'vision_config', 'check_vision_state_dict', 'load_vision_model',
+           'save_state_dict', 'save_vision_model']
 
 # %% ../nbs/02_checkpoints.ipynb #f94184a7
 _HUB_PATTERNS = ['*.json', '*.safetensors', '*.txt', '*.model']
@@ -108,14 +108,30 @@ def _weight_files(path:Path)->tuple[str, list[Path]]:
     if (path/'pytorch_model.bin').exists(): return 'bin', [path/'pytorch_model.bin']
     raise FusionError(f"no weights in {str(path)!r}: expected model.safetensors, a sharded index or pytorch_model.bin")
 
-def _load_bin(f:Path)->dict[str, Tensor]:
+def _load_bin(f:Path, name:str='')->dict[str, Tensor]:
     "A legacy pickled state dict, read with `weights_only=True` (memory-mapped when the format allows)."
-    try: sd = torch.load(f, map_location='cpu', weights_only=True, mmap=True)
-    except RuntimeError as e:
-        if 'mmap' not in str(e): raise
-        sd = torch.load(f, map_location='cpu', weights_only=True)  # pre-zip format: cannot be mapped
+    whose = f"model {name!r}: " if name and name != str(f) else ''
+    try:
+        try: sd = torch.load(f, map_location='cpu', weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if 'mmap' not in str(e): raise
+            sd = torch.load(f, map_location='cpu', weights_only=True)  # pre-zip format: cannot be mapped
+    except pickle.UnpicklingError as e:   # torch's message advises weights_only=False: running the file's code
+        what = str(e).split('GLOBAL ')[-1].split(' ')[0] if 'GLOBAL' in str(e) else 'Python objects'
+        raise FusionError(f"{whose}{str(f)!r} is a pickle that holds more than tensors ({what}); it was not loaded, "
+                          "since unpickling it could run code. Use a safetensors copy of these weights") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise FusionError(f"{whose}{str(f)!r} is not a readable PyTorch checkpoint (truncated or corrupt?): {_last(e)}") from None
     if not isinstance(sd, Mapping): raise FusionError(f"{str(f)!r} does not hold a state dict (got {type(sd).__name__})")
     return {k: v for k, v in sd.items() if isinstance(v, Tensor)}
+
+def _last(e:BaseException)->str: return (str(e).strip().splitlines() or [type(e).__name__])[-1]
+
+def _bad_safetensors(f:Path, name:str, e:BaseException)->FusionError:
+    whose = f"model {name!r}: " if name != str(f) else ''
+    size = f.stat().st_size if f.exists() else 0
+    return FusionError(f"{whose}{str(f)!r} is not a valid safetensors file ({'empty' if size == 0 else f'{size} bytes'}; "
+                       f"{_last(e)}): it is truncated or corrupt. Download, build or save it again")
 
 class LazyStateDict(Mapping):
     "A state dict that reads one tensor per lookup from a checkpoint file or directory."
@@ -132,7 +148,9 @@ class LazyStateDict(Mapping):
         self._index, self._bin = {}, None   # full key → (file, shape, dtype); .bin: full key → mapped tensor
         if self.kind == 'safetensors':
             for f in self.files:
-                with safe_open(f, framework='pt') as h:
+                try: h = safe_open(f, framework='pt')
+                except (SafetensorError, OSError) as e: raise _bad_safetensors(f, self.name, e) from None
+                with h:
                     for k in h.keys():
                         sl = h.get_slice(k)
                         dt = _ST_DTYPES.get(sl.get_dtype())
@@ -141,7 +159,7 @@ class LazyStateDict(Mapping):
         else:
             self._bin = {}
             for f in self.files:
-                sd = _load_bin(f)
+                sd = _load_bin(f, self.name)
                 self._bin.update(sd)
                 self._index.update({k: (f, tuple(v.shape), v.dtype) for k, v in sd.items()})
         self.prefix, self._keys = '', list(self._index)
@@ -172,7 +190,10 @@ class LazyStateDict(Mapping):
     def __getitem__(self, key:str)->Tensor:
         full = self._full(key)
         if self._bin is not None: return self._bin[full].clone()
-        with safe_open(self._index[full][0], framework='pt') as h: return h.get_tensor(full)
+        f = self._index[full][0]
+        try:
+            with safe_open(f, framework='pt') as h: return h.get_tensor(full)
+        except (SafetensorError, OSError) as e: raise _bad_safetensors(f, self.name, e) from None   # changed since opened
 
     def meta(self, key:str)->tuple[tuple[int, ...], torch.dtype]:
         "(shape, dtype) of `key`, from the header (no weights read)."
@@ -298,12 +319,21 @@ def save_state_dict(state_dict:Mapping, # any state dict, lazy or not
     with atomic_write(path, 'wb') as f: f.write(data)
     return Path(path)
 
+VISION_MODEL_FILES = ('config.json', 'model.safetensors')  # what save_vision_model writes, and so may replace
+
 def save_vision_model(state_dict:Mapping, # canonical vision state dict (plain or lazy)
-                      out_dir:str|Path, # directory to (re)create
+                      out_dir:str|Path, # new, empty, or a folder save_vision_model wrote before
                       config, # CLIPVisionConfig, CLIPConfig or a model dir to take the config from
                       progress:bool=False, # progress bar while computing/reading the tensors
                      )->Path:
     "Save `state_dict` as a `CLIPVisionModel` directory (config.json + model.safetensors), atomically."
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir(): raise FusionError(f"cannot save a model to {str(out)!r}: it is a file, not a folder")
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in VISION_MODEL_FILES) if out.is_dir() else []
+    if foreign:   # the folder is replaced whole: anything else in it would be lost
+        raise FusionError(f"cannot save a model to {str(out)!r}: it holds files save_vision_model did not write "
+                          f"({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}), which saving would delete. "
+                          "Choose a new or empty folder")
     cfg = copy.deepcopy(vision_config(config))
     check_vision_state_dict(state_dict, cfg)
     tensors = _tensors(state_dict, progress=progress)

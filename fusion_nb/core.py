@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #e6bb2da9
 from __future__ import annotations
-import contextlib, difflib, os, random, shutil, tempfile
+import contextlib, difflib, hashlib, json, os, random, re, shutil, tempfile, threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -15,8 +15,8 @@ import torch
 
 # %% auto #0
 __all__ = ['FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError', 'HyperparameterError', 'check_range',
-           'Registry', 'seed_everything', 'get_device', 'get_dtype', 'atomic_write', 'atomic_write_text', 'atomic_dir',
-           'project_root']
+           'Registry', 'seed_everything', 'get_device', 'get_dtype', 'current_umask', 'remove_stale_temps',
+           'atomic_write', 'atomic_write_text', 'atomic_dir', 'file_hashes', 'project_root']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -115,14 +115,47 @@ def get_dtype(dtype:str|torch.dtype|None=None)->torch.dtype:
     except KeyError: raise UnknownNameError(f"unknown dtype {dtype!r}. Known: {', '.join(sorted(_DTYPES))}") from None
 
 # %% ../nbs/00_core.ipynb #37cdcd81
+_UMASK_LOCK = threading.Lock()
+
+def current_umask()->int:
+    "The process's umask (Python can only read it by setting it, so it is put back at once, under a lock)."
+    with _UMASK_LOCK:
+        m = os.umask(0o022); os.umask(m)
+    return m
+
+_TEMP = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[a-z0-9_]+\.tmp$')  # `.<name>.<pid>.<random or old>.tmp`
+
+def _alive(pid:int)->bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: pass   # another user's process: alive
+    return True
+
+def remove_stale_temps(folder:str|Path, # where atomic writes put their temporaries
+                      )->list[Path]:
+    "Remove the temporary files and folders that atomic writes of processes no longer running left in `folder`."
+    gone = []
+    for p in (Path(folder).iterdir() if Path(folder).is_dir() else []):
+        m = _TEMP.match(p.name)
+        if not m or int(m['pid']) == os.getpid() or _alive(int(m['pid'])): continue
+        if p.is_dir() and not p.is_symlink(): shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError): p.unlink()
+        gone.append(p)
+    return gone
+
+
+# %% ../nbs/00_core.ipynb #3fb05ec8
 @contextlib.contextmanager
 def atomic_write(path:str|Path, # destination file
                  mode:str='w', # 'w' for text, 'wb' for bytes
                  **kwargs)->Iterator:
-    "Open a temporary file beside `path`; on success move it over `path`, on error remove it."
+    "Open a temporary file beside `path`; on success move it over `path` (mode from the umask), on error remove it."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix='.tmp')
+    remove_stale_temps(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix='.tmp')
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())   # mkstemp makes 0600; a plain open() would honour the umask
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush(); os.fsync(f.fileno())
@@ -136,20 +169,62 @@ def atomic_write_text(path:str|Path, text:str)->Path:
     with atomic_write(path, 'w', encoding='utf-8') as f: f.write(text)
     return Path(path)
 
+
+# %% ../nbs/00_core.ipynb #d49a9976
+@contextlib.contextmanager
+def _folder_lock(folder:Path)->Iterator[None]:
+    "An exclusive `flock` on `folder` itself (no lock file to leave behind); a no-op where there is no fcntl."
+    try: import fcntl
+    except ImportError: yield; return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX); yield
+    finally: os.close(fd)   # closing releases the lock
+
 @contextlib.contextmanager
 def atomic_dir(path:str|Path)->Iterator[Path]:
     "Yield a temporary folder beside `path`; on success it replaces `path` whole, on error it is removed."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix='.tmp'))
+    remove_stale_temps(path.parent)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix='.tmp'))
     try:
+        os.chmod(tmp, 0o777 & ~current_umask())   # mkdtemp makes 0700
         yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old); os.replace(tmp, path); shutil.rmtree(old, ignore_errors=True)
-        else: os.replace(tmp, path)
+        with _folder_lock(path.parent):   # two processes finishing the same folder take turns: the last one wins
+            if path.exists():
+                old = path.with_name(f".{path.name}.{os.getpid()}.old.tmp")
+                os.replace(path, old); os.replace(tmp, path); shutil.rmtree(old, ignore_errors=True)
+            else: os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# %% ../nbs/00_core.ipynb #cd22474b
+def _sha256_file(path:Path)->str:
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''): h.update(block)
+    return h.hexdigest()
+
+def file_hashes(path:str|Path, # a file or a folder
+                cache_dir:str|Path|None=None, # where the hashes are kept between calls (None: hash everything)
+               )->dict[str, str]:
+    "SHA-256 of every file under `path` (by relative path; hidden ones skipped), rehashing only files whose stat changed."
+    path = Path(path)
+    if not path.exists(): return {}
+    files = ({path.name: path} if path.is_file() else
+             {str(f.relative_to(path)): f for f in sorted(path.rglob('*'))
+              if f.is_file() and not any(s.startswith('.') for s in f.relative_to(path).parts)})
+    cache = Path(cache_dir)/f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]}.json" if cache_dir else None
+    try: known = json.loads(cache.read_text()) if cache and cache.exists() else {}
+    except ValueError: known = {}   # a torn or foreign cache: hash again
+    fresh = {}
+    for rel, f in files.items():
+        st = f.stat(); key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        fresh[rel] = known[rel] if known.get(rel, [None])[:4] == key else [*key, _sha256_file(f)]
+    if cache and fresh != known: atomic_write_text(cache, json.dumps(fresh))
+    return {rel: v[4] for rel, v in fresh.items()}
 
 # %% ../nbs/00_core.ipynb #01ed71a0
 def project_root(start:str|Path|None=None)->Path:

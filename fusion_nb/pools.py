@@ -6,6 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/pools.html.md"""
 
 # %% ../nbs/05_pools.ipynb #e55e1d0a
 from __future__ import annotations
+import json
 from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
@@ -51,15 +52,30 @@ def _hub_split(source:str, split:str, task:str)->Dataset:
                           "Run where the Hugging Face Hub is reachable (and not HF_HUB_OFFLINE=1), or point the "
                           "profile at a local copy saved with save_to_disk (a path starting with ./ or /).") from e
 
+def _nonempty(ds:Dataset, source:str, split:str, task:str)->Dataset:
+    "`ds`, unless it has no rows: an accuracy over nothing would be NaN, or a crash deep inside evaluation."
+    if len(ds) == 0: raise FusionError(f"dataset of task {task!r}: split {split!r} of {source!r} is empty (0 examples)")
+    return ds
+
 def load_split(source:str, # local directory (`save_to_disk`) or hub id[:config]
                split:str, # split name, e.g. 'test'
                task:str='task', # task name, for messages
               )->Dataset:
-    "One split of a task dataset, schema-checked."
+    "One split of a task dataset, schema-checked and not empty."
     source = str(source)
-    if not is_local_source(source): return check_schema(_hub_split(source, split, task), task)
+    if not is_local_source(source): return _nonempty(check_schema(_hub_split(source, split, task), task), source, split, task)
     path = Path(source).expanduser()
     if not path.exists(): raise FusionError(f"dataset of task {task!r} not found at {source!r}")
+    if (path/'dataset_dict.json').exists():   # read the one split: an empty split (no arrow files) breaks loading them all
+        splits = json.loads((path/'dataset_dict.json').read_text())['splits']
+        if split not in splits:
+            raise FusionError(f"dataset of task {task!r} has no split {split!r}; available splits: {', '.join(splits)}")
+        state = path/split/'state.json'
+        if state.exists() and json.loads(state.read_text()).get('_data_files') == []:
+            raise FusionError(f"dataset of task {task!r}: split {split!r} of {source!r} is empty (0 examples)")
+        try: return _nonempty(check_schema(Dataset.load_from_disk(str(path/split)), task), source, split, task)
+        except FileNotFoundError as e:
+            raise FusionError(f"dataset of task {task!r}: split {split!r} of {source!r} is incomplete ({e})") from None
     try: dd = load_from_disk(str(path))
     except FileNotFoundError as e:
         raise FusionError(f"dataset of task {task!r}: {source!r} is not a dataset saved with save_to_disk ({e})") from None
@@ -68,7 +84,7 @@ def load_split(source:str, # local directory (`save_to_disk`) or hub id[:config]
                           f"save a DatasetDict with a {split!r} split")
     if split not in dd:
         raise FusionError(f"dataset of task {task!r} has no split {split!r}; available splits: {', '.join(dd)}")
-    return check_schema(dd[split], task)
+    return _nonempty(check_schema(dd[split], task), source, split, task)
 
 # %% ../nbs/05_pools.ipynb #34a81a7d
 class Task:

@@ -140,9 +140,42 @@ class Evil:  # pickles as a global reference to this module, which weights_only 
     pass
 
 def test_bin_with_arbitrary_objects_is_refused(tmp_path):
+    "Refused, naming the file and the model, and never advising weights_only=False (that would run the pickle's code)."
     torch.save({'w': torch.zeros(1), 'obj': Evil()}, tmp_path/'pytorch_model.bin')
-    with pytest.raises(Exception, match='(?i)weights_only|unsupported|global'):
+    with pytest.raises(FusionError) as e:
+        LazyStateDict(tmp_path, name='gtsrb expert')
+    msg = str(e.value)
+    assert f"model 'gtsrb expert': {str(tmp_path/'pytorch_model.bin')!r} is a pickle that holds more than tensors" in msg
+    assert 'Evil' in msg and 'weights_only' not in msg and 'safetensors copy' in msg
+
+@pytest.mark.parametrize('cut', [0, 5, 200, -7])
+def test_empty_or_truncated_safetensors_name_file_and_model(tmp_path, model, cut):
+    d = save_vision_model(model.state_dict(), tmp_path/'expert', CFG)
+    f = d/'model.safetensors'; data = f.read_bytes()
+    f.write_bytes(data[:cut])
+    with pytest.raises(FusionError) as e:
+        sd = vision_state_dict(d, name='svhn'); [sd[k] for k in sd]   # the header, or a tensor past the end
+    assert f"model 'svhn': {str(f)!r} is not a valid safetensors file" in str(e.value) and 'truncated or corrupt' in str(e.value)
+    assert ('(empty;' in str(e.value)) == (cut == 0)
+
+def test_corrupt_bin_names_the_file(tmp_path):
+    (tmp_path/'pytorch_model.bin').write_bytes(b'PK\x03\x04 not really a zip')
+    with pytest.raises(FusionError, match=r"'.*pytorch_model.bin' is not a readable PyTorch checkpoint \(truncated or corrupt\?\)"):
         LazyStateDict(tmp_path)
+
+def test_save_vision_model_never_deletes_files_it_did_not_write(tmp_path, model):
+    "Saving replaces the folder whole: a folder with other files in it is refused, and keeps them."
+    d = tmp_path/'merged'; d.mkdir()
+    (d/'README.md').write_text('my notes'); (d/'tokenizer.json').write_text('{}')
+    with pytest.raises(FusionError, match=r"holds files save_vision_model did not write \(README.md, tokenizer.json\), which saving would delete"):
+        save_vision_model(model.state_dict(), d, CFG)
+    assert (d/'README.md').read_text() == 'my notes' and sorted(p.name for p in d.iterdir()) == ['README.md', 'tokenizer.json']
+    (tmp_path/'afile').write_text('x')
+    with pytest.raises(FusionError, match="it is a file, not a folder"):
+        save_vision_model(model.state_dict(), tmp_path/'afile', CFG)
+    e = tmp_path/'empty'; e.mkdir()
+    save_vision_model(model.state_dict(), e, CFG); save_vision_model(model.state_dict(), e, CFG)   # empty, then its own: replaced
+    assert sorted(p.name for p in e.iterdir()) == ['config.json', 'model.safetensors']
 
 def test_single_files(tmp_path):
     p = save_state_dict({'w': torch.ones(3), 'i': torch.arange(2)}, tmp_path/'x.safetensors')

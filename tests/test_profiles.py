@@ -34,10 +34,19 @@ dataset.svhn = someone/svhn:cropped_digits
 extra_knob = 0.5
 """
 
+def declare(root, *names):
+    "An experiment notebook under `root` whose parameters cell declares `names` (so settings.ini may set them)."
+    import nbformat
+    nb = nbformat.v4.new_notebook(); c = nbformat.v4.new_code_cell('\n'.join(f'{n} = None' for n in names))
+    c.metadata['tags'] = ['parameters']; nb.cells = [c]
+    (root/'nbs'/'experiments').mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(root/'nbs'/'experiments'/'00_x.ipynb'))
+
 @pytest.fixture
 def settings(tmp_path):
     p = tmp_path/'project'/'settings.ini'; p.parent.mkdir()
     p.write_text(SETTINGS)
+    declare(p.parent, 'profile', 'output_dir', 'extra_knob')
     return p
 
 def test_templates_overrides_and_paths(settings):
@@ -64,7 +73,7 @@ def test_overrides_and_params(settings):
     assert not {'root', 'experts', 'datasets', 'extra'} & set(params)
 
 def test_default_profile_is_tiny(monkeypatch, tmp_path):
-    (tmp_path/'settings.ini').write_text(SETTINGS.replace('[local]', '[tiny]'))
+    (tmp_path/'settings.ini').write_text(SETTINGS.replace('[local]', '[tiny]')); declare(tmp_path, 'extra_knob')
     monkeypatch.setenv('FUSION_NB_ROOT', str(tmp_path))
     assert load_profile().name == 'tiny' and load_profile().pretrained == str(tmp_path/'models'/'clip')
 
@@ -87,6 +96,34 @@ def test_bad_values_name_profile_and_key(settings, key, value, why):
     with pytest.raises(FusionError) as e:
         load_profile('bad', settings=settings)
     assert f"profile 'bad': {key} = {value!r} is invalid: {why}" in str(e.value)
+
+@pytest.mark.parametrize('key, hint', [('bach_size', "(did you mean 'batch_size'"), ('max_tests_samples', "(did you mean 'max_test_samples'"),
+                                       ('adamerging_step', "(did you mean 'adamerging_steps'"), ('zzz', ". Known keys: adamerging_lr")])
+def test_unknown_keys_are_refused(settings, key, hint):
+    "A misspelt key would silently run with the default: refused, naming profile, file and key, with a suggestion."
+    settings.write_text(SETTINGS + f"[bad]\npretrained = owner/clip\n{key} = 3\n")
+    load_profile('hubby', settings=settings)
+    with pytest.raises(FusionError) as e:
+        load_profile('bad', settings=settings)
+    assert f"profile 'bad' in {settings}: unknown key {key!r}" in str(e.value) and hint in str(e.value)
+
+def test_budget_keys_stay_accepted_and_match_the_methods():
+    "Every budget fusion_nb.methods.rows reads is a known key (the settings.ini header lists the same)."
+    from fusion_nb.methods.rows import FUSION_SETTINGS
+    from fusion_nb.reproduce.profiles import BUDGET_KEYS
+    assert set(FUSION_SETTINGS) == BUDGET_KEYS
+    assert load_profile('tiny', adamerging_steps=7, wemoe_lr=1e-3).extra['adamerging_steps'] == '7'
+    header = (Path(__file__).parents[1]/'settings.ini').read_text().split('[DEFAULT]')[0]
+    assert all(k in header for k in BUDGET_KEYS)
+
+def test_non_utf8_settings_and_reserved_name(tmp_path):
+    p = tmp_path/'settings.ini'
+    p.write_bytes(b'[p]\npretrained = a/b\n# r\xe9sum\xe9\n')
+    with pytest.raises(FusionError, match=r"settings.ini is not UTF-8 text: byte 0xe9 on line 3; save the file as UTF-8"):
+        list_profiles(p)
+    p.write_text('[scratch]\npretrained = a/b\n')
+    with pytest.raises(FusionError, match="a profile cannot be named 'scratch'"):
+        load_profile('scratch', settings=p)
 
 def test_missing_pretrained(settings):
     settings.write_text(SETTINGS.replace('pretrained = owner/clip-base\n', ''))
@@ -171,7 +208,7 @@ def test_hub_profile_offline_fails_at_once(settings, caches, monkeypatch):
 def test_hub_profile_runs_offline_from_complete_caches(settings, caches, monkeypatch):
     hub, ds = caches
     monkeypatch.setenv('HF_HUB_OFFLINE', '1'); monkeypatch.delenv('HF_DATASETS_OFFLINE', raising=False)
-    p = load_profile('hubby', settings=settings)
+    p = load_profile('hubby', settings=settings, device='cpu')   # its cuda is checked once the hub is: tested below
     for m in p.hub_sources()['models']: fake_model(hub, m)
     for d in p.hub_sources()['datasets']: fake_dataset(ds, d)
     notes = []
@@ -188,3 +225,15 @@ def test_local_profile_goes_offline_and_builds(settings, monkeypatch):
     assert calls == [{'scale': 'micro', 'root': settings.parent, 'progress': False}]
     prepare(p, build=False); prepare(load_profile('local', settings=settings, build=''))
     assert len(calls) == 1
+
+def test_cuda_profile_without_a_gpu_fails_in_prepare(settings, caches, monkeypatch):
+    "device = cuda on a machine without CUDA: a FusionError naming the profile before anything runs, not a bare AssertionError later."
+    import torch
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    hub, ds = caches
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    p = load_profile('hubby', settings=settings)
+    for m in p.hub_sources()['models']: fake_model(hub, m)
+    for d in p.hub_sources()['datasets']: fake_dataset(ds, d)
+    with pytest.raises(FusionError, match="profile 'hubby': device 'cuda' requested but CUDA is not available on this machine; use device='cpu'"):
+        prepare(p, log=lambda s: None)

@@ -76,6 +76,7 @@ def test_runs_injects_profile_values_and_writes_report(project):
     assert f"fusion_nb {fusion_nb.__version__}" in report
     assert '## 00_ok — 00_ok title' in report and '| 8 |' in report and '![figure](00_ok/figure.png)' in report
     assert '[run.ipynb](00_ok/run.ipynb)' in report and '## 01_flaky — 01_flaky title' in report
+    assert 's) on full test splits' in report
     assert report.index('## 00_ok') < report.index('## 01_flaky')
     assert not leftovers(out)
 
@@ -117,9 +118,11 @@ def test_failure_is_isolated_and_keeps_previous_outputs(project):
     assert '**Failed in the last run:** 01_flaky' in report and '[01_flaky.failed.ipynb](01_flaky.failed.ipynb)' in report
     assert 'outputs below are from the previous successful run' in report and '| fine |' in report
     assert not leftovers(out)
-    # back to the inputs of the kept outputs: up to date, and the stale failure marker goes away
+    # back to the inputs of the kept outputs: a recorded failure still reruns it; success clears the record
     (project/'settings.ini').write_text(SETTINGS)
-    assert run(project)[0]['01_flaky'] == 'skipped' and not (out/'01_flaky.failed.ipynb').exists()
+    status, log = run(project)
+    assert status['01_flaky'] == 'ok' and '(it failed in an earlier run)' in log
+    assert not (out/'01_flaky.failed.ipynb').exists() and not (out/'01_flaky.failed.json').exists()
     assert 'Failed' not in (out/'REPORT.md').read_text()
 
 def test_first_run_failure_leaves_no_output_folder(project):
@@ -129,6 +132,7 @@ def test_first_run_failure_leaves_no_output_folder(project):
     assert status == {'00_ok': 'ok', '01_flaky': 'failed'} and not (out/'01_flaky').exists()
     assert (out/'01_flaky.failed.ipynb').exists() and not leftovers(out)
     assert '01_flaky.failed.ipynb); no outputs yet' in (out/'REPORT.md').read_text()
+    assert json.loads((out/'01_flaky.failed.json').read_text())['error'] == 'RuntimeError: boom in experiment'
 
 def test_only_and_unknown_names(project):
     assert run(project, only=['01_flaky'])[0] == {'01_flaky': 'ok'}
@@ -203,3 +207,121 @@ def test_individual_experiment_through_the_runner(micro_project, tmp_path):
     assert '![individual_accuracy](00_individual/individual_accuracy.png)' in report
     assert reproduce('micro-test', only=['00_individual'], output_root=tmp_path, progress=False, log=lines.append,
                      settings=micro_project/'settings.ini') == {'00_individual': 'skipped'}
+
+# --- results that cannot go stale or wrong silently (issue 11) ----------------------------------------------------
+
+FLAKY_BODY = """
+import os
+from pathlib import Path
+if Path(os.environ['FUSION_NB_ROOT'], 'fail_now').exists(): raise RuntimeError('transient failure')
+Path(output_dir, 'results.csv').write_text('fine\\n')
+"""
+
+def test_a_failure_stays_a_failure_until_the_experiment_succeeds(project):
+    "A failure whose inputs equal those of the kept outputs (a transient error, a --force run) is not forgotten."
+    write_nb(project/'nbs'/'experiments'/'02_transient.ipynb', FLAKY_BODY)
+    assert run(project, only=['02'])[0] == {'02_transient': 'ok'}
+    (project/'fail_now').write_text('')
+    assert run(project, only=['02'], force=True)[0] == {'02_transient': 'failed'}
+    out = project/'outputs'/'demo'
+    for _ in range(2):   # every plain run tries again, reports it and exits 1, until it succeeds
+        status, log = run(project)
+        assert status['02_transient'] == 'failed' and '[02_transient] running' in log and '(it failed in an earlier run)' in log
+        assert '**Failed in the last run:** 02_transient' in (out/'REPORT.md').read_text()
+        assert cli(project, 'reproduce', '--profile', 'demo', '--no-progress').returncode == 1
+    status, log = run(project, only=['00'])   # another selection: the old failure is still reported
+    assert 'still failing from an earlier run: 02_transient' in log and '02_transient' in (out/'REPORT.md').read_text().split('##')[0]
+    (project/'fail_now').unlink()
+    assert run(project)[0]['02_transient'] == 'ok'
+    assert not (out/'02_transient.failed.json').exists() and 'Failed' not in (out/'REPORT.md').read_text()
+    assert run(project)[0]['02_transient'] == 'skipped'
+
+def test_outputs_written_outside_the_runner_are_not_trusted(project):
+    "A notebook run by hand into the runner's folder (or an edited table) makes the next run redo the experiment."
+    run(project)
+    res = project/'outputs'/'demo'/'00_ok'/'results.csv'
+    res.write_text('batch_size\n5\n')   # e.g. papermill ... -p output_dir outputs/demo/00_ok -p batch_size 5
+    status, log = run(project)
+    assert status == {'00_ok': 'ok', '01_flaky': 'skipped'} and 'outputs changed since the runner wrote them (results.csv)' in log
+    assert res.read_text() == 'batch_size\n8\n'
+    (project/'outputs'/'demo'/'00_ok'/'extra.md').write_text('| 5 samples |\n')   # a file the runner did not write
+    assert run(project)[0]['00_ok'] == 'ok' and not (project/'outputs'/'demo'/'00_ok'/'extra.md').exists()
+
+def test_local_data_counts_by_content(project):
+    "Same size, mtime put back; two experts swapped; a deleted file: each changes the inputs."
+    for t in 'ab':
+        d = project/'models'/f'none_{t}'; d.mkdir(parents=True)
+        (d/'model.safetensors').write_bytes(t.encode() * 64)
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
+    w = project/'models'/'none_a'/'model.safetensors'; st = w.stat()
+    w.write_bytes(b'n' * 64); os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns))   # a NaN-like edit, same size and mtime
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
+    a, b = project/'models'/'none_a', project/'models'/'none_b'
+    a.rename(project/'models'/'tmp'); b.rename(a); (project/'models'/'tmp').rename(b)   # two experts swapped (mtimes kept)
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
+    assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped'}
+    (b/'model.safetensors').unlink()
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
+
+def test_outputs_follow_the_umask_and_killed_runs_leave_no_temporaries(project):
+    out = project/'outputs'/'demo'; out.mkdir(parents=True)
+    dead = subprocess.Popen(['true']); dead.wait()
+    (out/f'.00_ok.{dead.pid}.x1y2z3ab.tmp').mkdir()             # what a SIGKILLed run leaves behind
+    (out/f'.REPORT.md.{dead.pid}.k9j8h7g6.tmp').write_text('half')
+    old = os.umask(0o022)
+    try: run(project)
+    finally: os.umask(old)
+    assert not leftovers(out)
+    assert (out/'00_ok').stat().st_mode & 0o777 == 0o755 and (out/'REPORT.md').stat().st_mode & 0o777 == 0o644
+    assert (out/'00_ok'/'inputs.json').stat().st_mode & 0o777 == 0o644
+
+def test_two_runs_finishing_the_same_experiment_do_not_race(project):
+    "Runs finishing the same folder at once take turns under a lock; none fails, no temporaries remain."
+    target, ready = project/'outputs'/'demo'/'00_ok', project/'ready'
+    ready.mkdir()
+    script = ("import sys, time; from pathlib import Path; from fusion_nb.core import atomic_dir\n"
+              "ready = Path(sys.argv[3]); (ready/sys.argv[2]).touch()\n"
+              "while len(list(ready.iterdir())) < 4: time.sleep(0.01)   # all imported: start together\n"
+              "for i in range(150):\n"
+              "    with atomic_dir(Path(sys.argv[1])) as t: (t/'who').write_text(sys.argv[2])\n")
+    procs = [subprocess.Popen([sys.executable, '-c', script, str(target), str(i), str(ready)], stderr=subprocess.PIPE, text=True)
+             for i in range(4)]
+    errs = [p.communicate()[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errs   # before the lock: most of 4 × 150 swaps failed
+    assert (target/'who').read_text() in '0123' and not leftovers(target.parent)
+
+def test_unwritable_output_root_and_only_options(project):
+    (project/'afile').write_text('')
+    with pytest.raises(FusionError, match=f"cannot write the outputs of profile 'demo' to {project/'afile'/'demo'}"):
+        run(project, output_root=project/'afile')
+    r = cli(project, 'reproduce', '--profile', 'demo', '--no-progress', '--output-root', str(project/'afile'))
+    assert r.returncode == 2 and 'choose a writable folder with --output-root' in r.stderr and 'Traceback' not in r.stderr
+    r = cli(project, 'reproduce', '--profile', 'demo', '--no-progress', '--only', '00', '--only', '01')
+    assert r.returncode == 0 and '[00_ok] running' in r.stdout and '[01_flaky] running' in r.stdout   # both, not the last
+    r = cli(project, 'reproduce', '--profile', 'demo', '--no-progress', '--only', '')
+    assert r.returncode == 2 and "no experiment named in ['']. Experiments: 00_ok, 01_flaky" in r.stderr
+
+def test_hand_run_of_an_experiment_writes_to_scratch(micro_project, tmp_path):
+    "The README's papermill example without output_dir: outputs/scratch/<profile>/<experiment>, never the runner's folder."
+    import papermill
+    nb = micro_project/'nbs'/'experiments'/'00_individual.ipynb'
+    old = os.environ.get('FUSION_NB_ROOT'); os.environ['FUSION_NB_ROOT'] = str(micro_project)
+    try:
+        papermill.execute_notebook(str(nb), str(tmp_path/'run.ipynb'), parameters={'profile': 'micro-test', 'max_test_samples': 4},
+                                   kernel_name='python3', cwd=str(nb.parent), progress_bar=False)
+    finally:
+        if old is None: os.environ.pop('FUSION_NB_ROOT')
+        else: os.environ['FUSION_NB_ROOT'] = old
+    scratch = micro_project/'outputs'/'scratch'/'micro-test'/'00_individual'
+    assert (scratch/'results.csv').exists() and not (micro_project/'outputs'/'micro-test').exists()
+    assert not (scratch/'inputs.json').exists()   # nothing the runner would take for its own record
+
+def test_report_says_how_many_test_samples_each_run_used(project):
+    "The sample count comes from each run's recorded inputs, so a subset run never reads as a full-split one."
+    (project/'settings.ini').write_text(SETTINGS + 'max_test_samples = 5\n')
+    run(project, only=['00'])
+    (project/'settings.ini').write_text(SETTINGS)
+    run(project, only=['01'])
+    report = (project/'outputs'/'demo'/'REPORT.md').read_text()
+    sec = lambda name: report.split(f'## {name}')[1].split('\n## ')[0]
+    assert 'on at most 5 test samples per task' in sec('00_ok') and 'on full test splits' in sec('01_flaky')

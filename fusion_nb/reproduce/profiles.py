@@ -6,17 +6,17 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/profiles.html.md"""
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #b33ff062
 from __future__ import annotations
-import configparser, glob, os, threading, urllib.error, urllib.request
+import ast, configparser, difflib, glob, json, os, threading, urllib.error, urllib.request
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 
 import torch
 
-from ..core import FusionError, UnknownNameError, get_dtype, project_root
+from ..core import FusionError, UnknownNameError, get_device, get_dtype, project_root
 
 # %% auto #0
-__all__ = ['Profile', 'is_local', 'resolve_source', 'settings_path', 'list_profiles', 'load_profile', 'hub_reachable',
-           'missing_from_cache', 'prepare']
+__all__ = ['BUDGET_KEYS', 'SCRATCH', 'Profile', 'is_local', 'resolve_source', 'settings_path', 'list_profiles',
+           'declared_parameters', 'check_keys', 'load_profile', 'hub_reachable', 'missing_from_cache', 'prepare']
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #fc87d834
 @dataclass
@@ -46,6 +46,12 @@ class Profile:
         d = {k: v for k, v in asdict(self).items() if k not in ('root', 'extra', 'experts', 'datasets')}
         return {**d, **self.extra}
 
+    def output_dir(self, experiment:str, # the experiment (notebook stem)
+                   output_dir:str|Path|None=None, # the notebook's `output_dir` parameter (the runner always gives one)
+                  )->Path:
+        "Where an experiment notebook writes: `output_dir`, else `outputs/scratch/<profile>/<experiment>`, which the runner never reads."
+        return Path(output_dir) if output_dir else self.root/'outputs'/SCRATCH/self.name/experiment
+
     def hub_sources(self)->dict[str, list[str]]:
         "The hub ids this profile reads: `{'models': [...], 'datasets': [...]}` (local paths left out)."
         hub = lambda vs: list(dict.fromkeys(v for v in vs if not is_local(v)))
@@ -55,6 +61,10 @@ class Profile:
 _INT_KEYS = {'max_test_samples': 0, 'batch_size': 1, 'num_workers': 0, 'seed': 0}  # key → smallest valid value
 _KNOWN = {'description', 'pretrained', 'tasks', 'expert_template', 'dataset_template', 'class_names', 'test_split',
           'max_test_samples', 'device', 'dtype', 'batch_size', 'num_workers', 'seed', 'build', 'hub'}
+# budgets of the data-based and test-time methods, read by fusion_nb.methods.rows (its FUSION_SETTINGS)
+BUDGET_KEYS = {'fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_batch_size', 'adamerging_steps', 'adamerging_lr',
+               'concrete_ta_steps', 'concrete_lw_steps', 'concrete_lr', 'wemoe_steps', 'wemoe_lr'}
+SCRATCH = 'scratch'  # outputs/scratch/: notebooks run outside the runner write there; no profile may take the name
 _TRUE, _FALSE = ('1', 'true', 'yes', 'on'), ('0', 'false', 'no', 'off', '')
 
 def is_local(source:str)->bool:
@@ -77,11 +87,44 @@ def _read(settings:str|Path|None)->tuple[configparser.ConfigParser, Path]:
     cp = configparser.ConfigParser(interpolation=None)
     try: cp.read(path, encoding='utf-8')
     except configparser.Error as e: raise FusionError(f"cannot parse {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b'\n') + 1
+        raise FusionError(f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} on line {line}; "
+                          "save the file as UTF-8") from None
+    except OSError as e: raise FusionError(f"cannot read {path}: {e.strerror or e}") from None
+    if SCRATCH in cp.sections():
+        raise FusionError(f"{path}: a profile cannot be named {SCRATCH!r}: outputs/{SCRATCH}/ holds notebook runs made outside the runner")
     return cp, path
 
 def list_profiles(settings:str|Path|None=None)->list[str]:
     "Names of the profiles in settings.ini, in file order."
     return _read(settings)[0].sections()
+
+# %% ../../nbs/reproduce/90_profiles.ipynb #e6f3ba4b
+def declared_parameters(root:str|Path)->set[str]:
+    "Names assigned in the `parameters` cells of the project's experiment notebooks (`<root>/nbs/experiments`)."
+    names = set()
+    for nb in sorted((Path(root)/'nbs'/'experiments').glob('*.ipynb')):
+        try: cells = json.loads(nb.read_text(encoding='utf-8'))['cells']
+        except (OSError, ValueError, KeyError): continue   # the runner reports a broken notebook itself
+        for c in cells:
+            if 'parameters' not in c.get('metadata', {}).get('tags', []): continue
+            try: tree = ast.parse(''.join(c['source']))
+            except SyntaxError: continue
+            names |= {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                      for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    return names
+
+def check_keys(name:str, raw:dict, path:Path, root:Path)->None:
+    "Fail on a key of profile `name` that neither the library nor any experiment notebook reads, suggesting close ones."
+    known = _KNOWN | BUDGET_KEYS | declared_parameters(root)
+    for key in raw:
+        if key in known or key.startswith(('expert.', 'dataset.')): continue
+        close = difflib.get_close_matches(key, sorted(known), n=3)
+        raise FusionError(f"profile {name!r} in {path}: unknown key {key!r}"
+                          + (f" (did you mean {', '.join(map(repr, close))}?)" if close else '')
+                          + f". Known keys: {', '.join(sorted(_KNOWN | BUDGET_KEYS))}, expert.<task>, dataset.<task>, "
+                          "and the parameters the experiment notebooks declare")
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #09787c7c
 def _parse(name:str, raw:dict, root:Path)->dict:
@@ -133,6 +176,7 @@ def load_profile(name:str|None=None, # profile (section of settings.ini); defaul
     raw.update({k: ' '.join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
                 for k, v in overrides.items() if v is not None})
     root = path.resolve().parent
+    check_keys(name, raw, path, root)
     extra = {k: v for k, v in raw.items() if k not in _KNOWN and not k.startswith(('expert.', 'dataset.'))}
     return Profile(name=name, root=root, extra=extra, **_parse(name, raw, root))
 
@@ -197,7 +241,7 @@ def prepare(profile:Profile, # the profile about to run
             progress:bool=True, # progress bars while building
             log=print, # where notes go
            )->Profile:
-    "Get ready to run `profile`: fail fast without the hub it needs, go offline otherwise, build missing local data."
+    "Get ready to run `profile`: fail fast without the hub or device it needs, go offline otherwise, build missing local data."
     if profile.hub:
         if not hub_reachable():
             missing = missing_from_cache(profile)
@@ -206,6 +250,8 @@ def prepare(profile:Profile, # the profile about to run
             os.environ['HF_HUB_OFFLINE'] = os.environ['HF_DATASETS_OFFLINE'] = '1'
     else:
         os.environ['HF_HUB_OFFLINE'] = os.environ['HF_DATASETS_OFFLINE'] = '1'
+    try: get_device(profile.device)   # `device = cuda` on a machine without one: now, not deep inside an experiment
+    except FusionError as e: raise FusionError(f"profile {profile.name!r}: {e}") from None
     if build and profile.build:
         from fusion_nb.tiny.build import build_benchmark  # the builder of the project's own data
         build_benchmark(scale=profile.build, root=profile.root, progress=progress)

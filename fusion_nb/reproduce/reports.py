@@ -16,8 +16,9 @@ from ..core import atomic_write, atomic_write_text, project_root
 import fusion_nb
 
 # %% auto #0
-__all__ = ['PAPER_VALUE_COLUMNS', 'METHOD_LABELS', 'method_task_table', 'to_markdown', 'save_table', 'save_records',
-           'save_figure', 'load_paper_values', 'paper_table', 'compare_with_paper', 'write_report']
+__all__ = ['PAPER_VALUE_COLUMNS', 'METHOD_LABELS', 'HEADLINE_ROWS', 'method_task_table', 'to_markdown', 'save_table',
+           'save_records', 'save_figure', 'load_paper_values', 'paper_table', 'compare_with_paper', 'headline_numbers',
+           'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #614fe7f3
 def method_task_table(records:pd.DataFrame, # tidy records
@@ -134,6 +135,32 @@ def compare_with_paper(reproduced:pd.DataFrame, # wide table (rows = methods, co
     out = pd.concat({'reproduced': rep, 'reported': pap, 'difference': rep - pap}, axis=1).swaplevel(0, 1, axis=1)
     return out[[(c, k) for c in cols for k in _CMP]]
 
+# %% ../../nbs/reproduce/91_reports.ipynb #ca7cc476
+HEADLINE_ROWS = {  # experiment → rows of its table.csv whose `Avg.` heads REPORT.md
+    '01_multi_task_merging': ['Pre-trained', 'Fine-tuned (STL)', 'Simple Averaging', 'Task Arithmetic'],
+    '04_fusion_eight_tasks': ['RegMean', 'Layer-wise AdaMerging (λ=0.3)', 'Weight-Ensembling MoE']}
+
+def _samples(meta:dict)->str:
+    "How many test samples a run used, from its recorded inputs."
+    n = (meta.get('profile') or {}).get('max_test_samples')
+    return 'test samples: unknown' if n is None else f'at most {n} test samples per task' if n else 'full test splits'
+
+def headline_numbers(profile_dir:str|Path, # outputs/<profile>
+                     rows:dict[str, Sequence[str]]=HEADLINE_ROWS, # experiment → table rows
+                    )->pd.DataFrame:
+    "The `Avg.` of selected rows of the experiments' `table.csv`, with where and how each was measured."
+    out = []
+    for exp, labels in rows.items():
+        f = Path(profile_dir)/exp/'table.csv'
+        if not f.exists(): continue   # not run (yet) for this profile
+        table = pd.read_csv(f, index_col=0)
+        try: meta = json.loads((f.parent/'inputs.json').read_text())
+        except (OSError, ValueError): meta = {}
+        for r in labels:
+            avg = float(table.loc[r, 'Avg.']) if r in table.index and 'Avg.' in table.columns else float('nan')
+            out.append({'row': r, 'Avg.': avg, 'experiment': exp, 'ran': meta.get('finished', '?'), 'test samples': _samples(meta)})
+    return pd.DataFrame(out, columns=['row', 'Avg.', 'experiment', 'ran', 'test samples'])
+
 # %% ../../nbs/reproduce/91_reports.ipynb #7c33713e
 def _title(exp:Path)->str:
     "The experiment's title: the first `# heading` of its executed notebook (empty if none)."
@@ -160,6 +187,9 @@ def write_report(profile_dir:str|Path, # outputs/<profile>
                   + '.', '']
     lines += [f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} by fusion_nb {fusion_nb.__version__}.", '']
     if failed: lines += [f"**Failed in the last run:** {', '.join(failed)} — see the sections below.", '']
+    head = headline_numbers(pdir)
+    if len(head): lines += ['## Headline numbers', '', 'Average accuracy (%) over the tasks, read from the tables below:', '',
+                            to_markdown(head.set_index('row')), '']
     exps = sorted({p.name for p in pdir.iterdir() if p.is_dir() and not p.name.startswith('.')} | set(failed))
     for name in exps:
         exp, title = pdir/name, _title(pdir/name)
@@ -173,7 +203,7 @@ def write_report(profile_dir:str|Path, # outputs/<profile>
             try: meta = json.loads((exp/'inputs.json').read_text())
             except ValueError: pass
         links = [f"[{f}]({name}/{f})" for f in ('results.csv', 'run.ipynb') if (exp/f).exists()]
-        run = f"Ran {meta['finished']} ({meta.get('seconds', 0):.0f} s)" if meta.get('finished') else ''
+        run = f"Ran {meta['finished']} ({meta.get('seconds', 0):.0f} s) on {_samples(meta)}" if meta.get('finished') else ''
         if run or links: lines += [f"_{'; '.join(filter(None, [run, ', '.join(links)]))}._", '']
         for md in sorted(exp.glob('*.md')): lines += [md.read_text().rstrip(), '']
         for png in sorted(exp.glob('*.png')):

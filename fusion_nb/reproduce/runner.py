@@ -10,15 +10,16 @@ import argparse, contextlib, datetime, hashlib, json, os, shutil, sys, time
 from pathlib import Path
 from typing import Sequence
 
-from ..core import FusionError, UnknownNameError, atomic_dir, atomic_write_text, project_root
+from ..core import FusionError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes, project_root, remove_stale_temps
 from .profiles import Profile, is_local, list_profiles, load_profile, prepare
 from .reports import write_report
 import fusion_nb
 
 # %% auto #0
 __all__ = ['experiments_dir', 'list_experiments', 'experiment_title', 'select_experiments', 'notebook_parameters',
-           'experiment_parameters', 'notebook_hash', 'package_hash', 'data_fingerprint', 'experiment_inputs',
-           'run_experiment', 'reproduce', 'main']
+           'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache', 'data_fingerprint',
+           'experiment_inputs', 'why_rerun', 'recorded_failures', 'run_experiment', 'writable_profile_dir', 'reproduce',
+           'main']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #217cbc0a
 def experiments_dir(root:str|Path|None=None)->Path:
@@ -41,10 +42,15 @@ def experiment_title(nb_path:str|Path)->str:
 def select_experiments(names:Sequence[str], # the available experiments
                        only:Sequence[str]|None=None, # wanted: names, `name.ipynb`, unique prefixes (`00`), comma lists
                       )->list[str]:
-    "The experiments `only` names, in run order (all of `names` if `only` is empty)."
-    if not only: return list(names)
+    "The experiments `only` names, in run order (all of `names` if `only` is None or [])."
+    if only is None: return list(names)
+    only = [only] if isinstance(only, str) else list(only)
+    items = [w.strip().removesuffix('.ipynb') for o in only for w in str(o).split(',') if w.strip()]
+    if only and not items:   # `--only ""`: asked for a selection, named nothing
+        raise UnknownNameError(f"no experiment named in {only!r}. Experiments: {', '.join(names) or '(none)'}")
+    if not items: return list(names)
     wanted, unknown = set(), []
-    for item in (w.strip().removesuffix('.ipynb') for o in only for w in str(o).split(',') if w.strip()):
+    for item in items:
         hits = [item] if item in names else [n for n in names if n.startswith(item)]
         if len(hits) == 1: wanted.add(hits[0])
         elif hits: raise UnknownNameError(f"experiment {item!r} is ambiguous: it could be {', '.join(hits)}")
@@ -73,28 +79,35 @@ def notebook_hash(nb_path:str|Path)->str:
     "Hash of a notebook's cells (type and source; outputs, ids and metadata do not count)."
     return _sha([(c['cell_type'], ''.join(c['source'])) for c in json.loads(Path(nb_path).read_text())['cells']])
 
-def package_hash()->str:
-    "Hash of the fusion_nb package's sources: a code change makes every experiment rerun."
+def package_hash(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
+                )->str:
+    "Hash of the fusion_nb package's sources, subpackages included: a code change makes every experiment rerun."
+    pkg = Path(pkg_dir or Path(fusion_nb.__file__).parent)
     h = hashlib.sha256()
-    for f in sorted(Path(fusion_nb.__file__).parent.glob('*.py')):
-        h.update(f.name.encode()); h.update(f.read_bytes())
+    for f in sorted(pkg.rglob('*.py')):   # methods/, tiny/, reproduce/ too: their code makes the numbers
+        rel = f.relative_to(pkg).as_posix()
+        if rel == '_modidx.py' or '__pycache__' in rel: continue   # the docs index, not code
+        h.update(rel.encode()); h.update(f.read_bytes())
     return h.hexdigest()
 
+def hash_cache(profile:Profile)->Path:
+    "Where the runner keeps file hashes between runs: `<root>/data/cache/file_hashes` (git-ignored)."
+    return profile.root/'data'/'cache'/'file_hashes'
+
 def data_fingerprint(profile:Profile)->dict:
-    "What the profile's data is: the build manifest's content hashes, and the files of other local sources."
+    "What the profile's local data is, by content: the built benchmark's files and those of other local sources."
     out, built = {}, None
     if profile.build:
         from fusion_nb.tiny.build import benchmark_dir
         built = benchmark_dir(profile.build, profile.root).resolve()
-        m = built/'manifest.json'
-        out['build'] = _sha({k: v for k, v in json.loads(m.read_text()).items() if k in ('files', 'recipes')}) if m.exists() else 'not built'
+        files = {f: h for f, h in file_hashes(built, hash_cache(profile)).items() if f != 'manifest.json'}
+        out['build'] = _sha(files) if files else 'not built'
     for src in dict.fromkeys([profile.pretrained, *profile.experts.values(), *profile.datasets.values()]):
         if not is_local(src): continue
         p = Path(src)
         if built is not None and p.resolve().is_relative_to(built): continue
-        files = sorted(p.rglob('*')) if p.is_dir() else [p] if p.exists() else []
-        out[src] = _sha([(str(f.relative_to(p) if p.is_dir() else f.name), f.stat().st_size, f.stat().st_mtime_ns)
-                         for f in files if f.is_file()]) if files else 'missing'
+        files = file_hashes(p, hash_cache(profile))
+        out[src] = _sha(files) if files else 'missing'
     return out
 
 def experiment_inputs(nb_path:str|Path, # the experiment notebook
@@ -125,6 +138,38 @@ def _last_line(e:BaseException)->str:
     lines = [l for l in str(e).strip().splitlines() if l.strip()]
     return lines[-1].strip() if lines else type(e).__name__
 
+def _output_hashes(folder:Path, cache:Path|None=None)->dict:
+    "Content hashes of an experiment's outputs (its `inputs.json` excepted)."
+    return {f: h for f, h in file_hashes(folder, cache).items() if f != 'inputs.json'}
+
+def why_rerun(out:Path, # the experiment's output folder
+              inputs:dict, # its current inputs (`experiment_inputs`)
+              cache:Path|None=None, # file-hash cache (`hash_cache`)
+             )->str|None:
+    "Why the outputs in `out` are not current (None when they are): no outputs, other inputs, or outputs edited since."
+    try: recorded = json.loads((out/'inputs.json').read_text())
+    except FileNotFoundError: return 'no outputs yet'
+    except (OSError, ValueError): return f"{out/'inputs.json'} is unreadable"
+    if recorded.get('hash') != inputs['hash']: return 'inputs changed'
+    now = _output_hashes(out, cache)
+    edited = sorted(f for f in {*now, *recorded.get('outputs', {})} if now.get(f) != recorded.get('outputs', {}).get(f))
+    if edited: return f"outputs changed since the runner wrote them ({', '.join(edited[:3])}{' ...' if len(edited) > 3 else ''})"
+    return None
+
+
+# %% ../../nbs/reproduce/92_runner.ipynb #b247cf03
+def _record_failure(marker:Path, e:BaseException, inputs:dict)->None:
+    atomic_write_text(marker, json.dumps({'error': _last_line(e), 'type': type(e).__name__, 'inputs': inputs['hash'],
+                                          'when': datetime.datetime.now().isoformat(timespec='seconds')}, indent=1))
+
+def recorded_failures(profile_dir:str|Path)->dict[str, dict]:
+    "Experiments whose last run failed and has not succeeded since: name → the failure record."
+    out = {}
+    for m in sorted(Path(profile_dir).glob('*.failed.json')):
+        try: out[m.name.removesuffix('.failed.json')] = json.loads(m.read_text())
+        except (OSError, ValueError): out[m.name.removesuffix('.failed.json')] = {'error': f'(unreadable record {m})'}
+    return out
+
 def run_experiment(name:str, # experiment (notebook stem)
                    profile:Profile, # profile to run it for
                    output_root:str|Path|None=None, # default: <root>/outputs
@@ -136,19 +181,14 @@ def run_experiment(name:str, # experiment (notebook stem)
     import papermill
     nb = experiments_dir(profile.root)/f'{name}.ipynb'
     pdir = Path(output_root or profile.root/'outputs').resolve()/profile.name
-    out, failed_nb = pdir/name, pdir/f'{name}.failed.ipynb'
+    out, failed_nb, marker = pdir/name, pdir/f'{name}.failed.ipynb', pdir/f'{name}.failed.json'
     params = experiment_parameters(nb, profile)
     inputs = experiment_inputs(nb, params, profile)
-    done = out/'inputs.json'
-    if not force and done.exists():
-        try: current = json.loads(done.read_text()).get('hash') == inputs['hash']
-        except ValueError: current = False
-        if current:
-            failed_nb.unlink(missing_ok=True)  # a failure with other inputs: these outputs are the current ones
-            log(f"[{name}] up to date (inputs unchanged; --force reruns it)")
-            return 'skipped'
-    failed_nb.unlink(missing_ok=True)
-    log(f"[{name}] running for profile {profile.name!r} ...")
+    why = 'forced' if force else 'it failed in an earlier run' if marker.exists() else why_rerun(out, inputs, hash_cache(profile))
+    if why is None:
+        log(f"[{name}] up to date (inputs and outputs unchanged; --force reruns it)")
+        return 'skipped'
+    log(f"[{name}] running for profile {profile.name!r} ({why}) ...")
     t0 = time.time()
     try:
         with atomic_dir(out) as tmp, _env(FUSION_NB_ROOT=profile.root):
@@ -156,20 +196,38 @@ def run_experiment(name:str, # experiment (notebook stem)
                 papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**params, 'output_dir': str(tmp)},
                                            kernel_name='python3', cwd=str(nb.parent), progress_bar=progress)
             except BaseException:
-                if (tmp/'run.ipynb').exists(): shutil.copyfile(tmp/'run.ipynb', failed_nb)
+                if (tmp/'run.ipynb').exists(): atomic_write_text(failed_nb, (tmp/'run.ipynb').read_text())
                 raise
             # the executed notebook names its final folder, so that re-running it writes there
             atomic_write_text(tmp/'run.ipynb', (tmp/'run.ipynb').read_text().replace(str(tmp), str(out)))
             finished = datetime.datetime.now().isoformat(timespec='seconds')
-            atomic_write_text(tmp/'inputs.json', json.dumps({**inputs, 'finished': finished, 'seconds': round(time.time() - t0, 1)},
-                                                            indent=1, default=str))
+            atomic_write_text(tmp/'inputs.json', json.dumps({**inputs, 'finished': finished, 'seconds': round(time.time() - t0, 1),
+                                                            'outputs': _output_hashes(tmp)}, indent=1, default=str))
     except Exception as e:
+        _record_failure(marker, e, inputs)
         where = f"executed notebook: {failed_nb}" if failed_nb.exists() else "no notebook was executed"
         log(f"[{name}] FAILED after {time.time() - t0:.0f} s: {_last_line(e)}\n[{name}] {where}"
             + (f"; previous outputs kept in {out}" if out.exists() else ''))
         return 'failed'
+    marker.unlink(missing_ok=True); failed_nb.unlink(missing_ok=True)
     log(f"[{name}] done in {time.time() - t0:.0f} s → {out}")
     return 'ok'
+
+
+# %% ../../nbs/reproduce/92_runner.ipynb #f892cbf6
+def writable_profile_dir(output_root:str|Path, # where profile folders go
+                         profile:str, # profile name
+                        )->Path:
+    "`<output_root>/<profile>`, created, with temporaries of killed runs removed; a clear error if it cannot be written."
+    pdir = Path(output_root).resolve()/profile
+    try:
+        pdir.mkdir(parents=True, exist_ok=True)
+        if not os.access(pdir, os.W_OK | os.X_OK): raise PermissionError(13, 'Permission denied')
+    except OSError as e:
+        raise FusionError(f"cannot write the outputs of profile {profile!r} to {pdir}: {e.strerror or e}; "
+                          "choose a writable folder with --output-root") from None
+    remove_stale_temps(pdir)
+    return pdir
 
 # %% ../../nbs/reproduce/92_runner.ipynb #a57c9864
 def reproduce(profile:str|None=None, # profile name (default: tiny)
@@ -185,13 +243,15 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
     names = select_experiments(list_experiments(prof.root), only)
     if not names: raise FusionError(f"no experiment notebooks in {experiments_dir(prof.root)}")
     for n in names: experiment_parameters(experiments_dir(prof.root)/f'{n}.ipynb', prof)
+    pdir = writable_profile_dir(output_root or prof.root/'outputs', prof.name)
     prepare(prof, progress=progress, log=log)
     status = {n: run_experiment(n, prof, output_root, force, progress, log) for n in names}
-    pdir = Path(output_root or prof.root/'outputs').resolve()/prof.name
-    pdir.mkdir(parents=True, exist_ok=True)
-    report = write_report(pdir, prof, failed=[n for n, s in status.items() if s == 'failed'])
+    failing = recorded_failures(pdir)
+    report = write_report(pdir, prof, failed=list(failing))
     counts = {s: sum(v == s for v in status.values()) for s in ('ok', 'skipped', 'failed')}
-    log(f"{counts['ok']} ran, {counts['skipped']} up to date, {counts['failed']} failed; report: {report}")
+    older = [n for n in failing if n not in status]
+    log(f"{counts['ok']} ran, {counts['skipped']} up to date, {counts['failed']} failed"
+        + (f"; still failing from an earlier run: {', '.join(older)}" if older else '') + f"; report: {report}")
     return status
 
 # %% ../../nbs/reproduce/92_runner.ipynb #f435fe86
@@ -201,7 +261,8 @@ def _parser()->argparse.ArgumentParser:
     sub = ap.add_subparsers(dest='cmd', required=True)
     r = sub.add_parser('reproduce', help='run the experiment notebooks of a profile and write outputs/<profile>/REPORT.md')
     r.add_argument('--profile', default='tiny', help='profile in settings.ini (default: tiny)')
-    r.add_argument('--only', nargs='+', metavar='NAME', help='run only these experiments (names, unique prefixes or comma lists)')
+    r.add_argument('--only', nargs='+', action='extend', metavar='NAME',   # repeated --only adds up
+                   help='run only these experiments (names, unique prefixes or comma lists; may be repeated)')
     r.add_argument('--force', action='store_true', help='rerun experiments whose inputs did not change')
     r.add_argument('--output-root', default=None, help='where <profile>/ goes (default: <project>/outputs)')
     r.add_argument('--no-progress', action='store_true', help='no progress bars')

@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/tiny/build.html.md"""
 
 # %% ../../nbs/tiny/15_build.ipynb #69a3664e
 from __future__ import annotations
-import ast, contextlib, datetime, hashlib, inspect, json, time
+import ast, contextlib, datetime, hashlib, inspect, json, os, subprocess, sys, time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core import atomic_write_text, get_device, project_root
+from ..core import FusionError, HyperparameterError, atomic_write_text, file_hashes, get_device, project_root
 from ..catalog import templates_for
 from .tasks import EIGHT_TASKS, SCALES, TASKS, build_datasets, vocabulary
 from .zoo import EXPERT_TASKS, deterministic, finetune_expert, pretrain_clip, zoo_config
@@ -24,8 +24,9 @@ from .corruptions import corrupt_dataset
 import fusion_nb
 
 # %% auto #0
-__all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'benchmark_dir', 'recipes',
-           'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'zoo_accuracy']
+__all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BUILD_THREADS', 'benchmark_dir', 'recipes',
+           'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir', 'read_manifest',
+           'changed_files', 'owners', 'build_threads', 'zoo_accuracy']
 
 # %% ../../nbs/tiny/15_build.ipynb #3b65e732
 def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
@@ -106,25 +107,34 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
                     force:bool=False, # rebuild everything
                     progress:bool=True,
                     device=None, # where to train (default: cpu)
-                    threads:int=2, # torch threads while training (fixed, for reproducible weights)
+                    threads:int|None=None, # torch threads while training (default: `build_threads()`); part of the zoo recipe
+                    log=print, # where notes on what is rebuilt go
                    )->Path:
     "Build what is missing (or stale) of the benchmark at `scale`; write `manifest.json`; return its folder."
-    base = benchmark_dir(scale, root)
+    base, threads = benchmark_dir(scale, root), build_threads() if threads is None else threads
     cfg, rec = zoo_config(scale), recipes(scale, seed, threads)
-    old = json.loads((base/'manifest.json').read_text()) if (base/'manifest.json').exists() else {}
+    old = read_manifest(scale, root)
     stale_data = force or old.get('recipes', {}).get('data') != rec['data']
     stale_zoo = stale_data or old.get('recipes', {}).get('zoo') != rec['zoo']
+    bad = [] if force or not old else changed_files(scale, root)
+    if bad: log(f"{len(bad)} file(s) of {base} differ from its manifest or are missing ({', '.join(bad[:3])}"
+                f"{' ...' if len(bad) > 3 else ''}): rebuilding what they belong to")
+    bad_data, bad_clip, bad_experts = owners(bad)
     clip_dir = base/'models'/'clip-vit-tiny'
     expert_dirs = {t: base/'models'/f'clip-vit-tiny_{t}' for t in EXPERT_TASKS}
-    missing_data = [t for t in TASKS if stale_data or not (base/'datasets'/t/'dataset_dict.json').exists()]
-    missing_clip = stale_zoo or not (clip_dir/'config.json').exists()
-    missing_experts = [t for t, d in expert_dirs.items() if missing_clip or t in missing_data or not (d/'config.json').exists()]
+    missing_data = [t for t in TASKS if stale_data or t in bad_data or not (base/'datasets'/t/'dataset_dict.json').exists()]
+    missing_clip = stale_zoo or bad_clip or not (clip_dir/'config.json').exists()
+    missing_experts = [t for t, d in expert_dirs.items()
+                       if missing_clip or t in missing_data or t in bad_experts or not (d/'config.json').exists()]
     def has_corruptions(t):
         f = base/'datasets'/t/'dataset_dict.json'
         return f.exists() and set(ROBUSTNESS_CORRUPTIONS) <= set(json.loads(f.read_text())['splits'])
     stale_corrupted = old.get('recipes', {}).get('corruptions') != rec['corruptions']
     missing_corrupted = [t for t in ROBUSTNESS_TASKS if stale_corrupted or t in missing_data or not has_corruptions(t)]
     if not (missing_data or missing_clip or missing_experts or missing_corrupted): return base
+    if (missing_clip or missing_experts) and os.environ.get(_CHILD) != '1':   # training ahead: in a process that waits politely
+        return _build_in_child(log, scale=scale, root=str(Path(root or project_root()).resolve()), seed=seed, force=force,
+                               progress=progress, device=None if device is None else str(device), threads=threads)
     timings, built, device = {}, [], get_device(device or 'cpu')
     with _library_bars(progress), deterministic(threads):
         if missing_data:
@@ -141,8 +151,7 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
         for t in tqdm(missing_experts, desc=f'experts ({scale})', disable=not progress):
             finetune_expert(clip_dir, t, base/'datasets'/t, expert_dirs[t], cfg, seed=seed, device=device, progress=progress)
         if missing_experts: timings['experts_s'] = round(time.time() - s, 1); built += missing_experts
-    files = {str(p.relative_to(base)): _sha256(p) for p in sorted(base.rglob('*'))
-             if p.is_file() and p.name != 'manifest.json' and not any(part.startswith('.') for part in p.relative_to(base).parts)}
+    files = {f: h for f, h in file_hashes(base, hash_cache_dir(root)).items() if f != 'manifest.json'}
     manifest = {'scale': scale, 'seed': seed, 'threads': threads, 'built': datetime.datetime.now().isoformat(timespec='seconds'),
                 'rebuilt_now': {'datasets': missing_data, 'corrupted': missing_corrupted, 'models': built}, 'timings': timings,
                 'sizes': SCALES[scale], 'corruptions': {'tasks': ROBUSTNESS_TASKS, 'corruptions': ROBUSTNESS_CORRUPTIONS, 'severity': CORRUPTION_SEVERITY},
@@ -154,8 +163,68 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
 def verify_benchmark(scale:str='tiny', root:str|Path|None=None)->list[str]:
     "Files of the built benchmark whose content differs from the manifest (or are missing); empty when intact."
     base = benchmark_dir(scale, root)
-    files = json.loads((base/'manifest.json').read_text())['files']
-    return [f for f, h in files.items() if not (base/f).is_file() or _sha256(base/f) != h]
+    files = read_manifest(scale, root).get('files', {})
+    return [f for f, h in files.items() if not (base/f).is_file() or _sha256(base/f) != h]   # no cache: the slow, sure check
+
+# %% ../../nbs/tiny/15_build.ipynb #5b577392
+def hash_cache_dir(root:str|Path|None=None)->Path:
+    "Where file hashes are kept between calls: `<root>/data/cache/file_hashes` (git-ignored)."
+    return Path(root or project_root())/'data'/'cache'/'file_hashes'
+
+def read_manifest(scale:str='tiny', root:str|Path|None=None)->dict:
+    "The build's `manifest.json` ({} when not built); a clear error naming the file when it is torn or not a manifest."
+    m = benchmark_dir(scale, root)/'manifest.json'
+    try: d = json.loads(m.read_text(encoding='utf-8'))
+    except FileNotFoundError: return {}
+    except (OSError, ValueError) as e: d = f"{type(e).__name__}: {e}"
+    if isinstance(d, dict) and isinstance(d.get('files'), dict) and isinstance(d.get('recipes'), dict): return d
+    raise FusionError(f"{m} is not a readable build manifest (truncated by an interrupted write?{'; ' + d if isinstance(d, str) else ''}). "
+                      f"Delete it and build again: build_benchmark({scale!r}) then rebuilds the {scale} benchmark and rewrites it")
+
+def changed_files(scale:str='tiny', root:str|Path|None=None)->list[str]:
+    "Files of the built benchmark whose content differs from its manifest, or that are missing (empty: intact or not built)."
+    base, recorded = benchmark_dir(scale, root), read_manifest(scale, root).get('files', {})
+    now = file_hashes(base, hash_cache_dir(root)) if recorded else {}
+    return sorted(f for f, h in recorded.items() if now.get(f) != h)
+
+def owners(files:Sequence[str])->tuple[set[str], bool, set[str]]:
+    "What changed `files` of a build belong to: (dataset tasks, the CLIP?, expert tasks); an unknown file: everything."
+    data, clip, experts = set(), False, set()
+    for f in files:
+        parts = Path(f).parts
+        if parts[:1] == ('datasets',) and len(parts) > 2: data.add(parts[1])
+        elif parts[:2] == ('models', 'clip-vit-tiny') and len(parts) > 2: clip = True
+        elif parts[:1] == ('models',) and len(parts) > 2 and parts[1].startswith('clip-vit-tiny_'): experts.add(parts[1].removeprefix('clip-vit-tiny_'))
+        else: return set(TASKS), True, set(EXPERT_TASKS)
+    return data, clip, experts
+
+# %% ../../nbs/tiny/15_build.ipynb #9e8a553d
+BUILD_THREADS = 2  # torch threads of the published tiny build: the weights depend on the count
+_CHILD = 'FUSION_NB_BUILD_CHILD'  # set in the build process that `build_benchmark` starts
+
+def build_threads()->int:
+    "Torch threads for training: `$FUSION_NB_BUILD_THREADS` if set (another count: another zoo recipe), else `BUILD_THREADS`."
+    v = os.environ.get('FUSION_NB_BUILD_THREADS', '').strip()
+    if not v: return BUILD_THREADS
+    if not v.isdigit() or int(v) < 1: raise HyperparameterError(f"FUSION_NB_BUILD_THREADS={v!r}: expected an integer ≥ 1")
+    return int(v)
+
+def _build_in_child(log, **kwargs)->Path:
+    "Run `build_benchmark(**kwargs)` in a fresh Python with `OMP_WAIT_POLICY=PASSIVE` (same bytes; no spinning under load)."
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+    if cores < kwargs['threads']: log(f"{cores} core(s) available to this process for {kwargs['threads']} build threads: "
+                                      "slower, same weights (threads sleep while they wait)")
+    pkg = str(Path(fusion_nb.__file__).resolve().parents[1])   # the child imports this very fusion_nb
+    env = {**os.environ, _CHILD: '1', 'PYTHONPATH': os.pathsep.join(filter(None, [pkg, os.environ.get('PYTHONPATH')]))}
+    env.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+    code = "import json, sys; from fusion_nb.tiny.build import build_benchmark; build_benchmark(**json.loads(sys.argv[1]))"
+    p = subprocess.Popen([sys.executable, '-c', code, json.dumps(kwargs)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        for line in p.stdout: log(line.rstrip('\n'))
+        if p.wait(): raise RuntimeError(f"building the {kwargs['scale']} benchmark failed (exit status {p.returncode}); its error is above")
+    finally:
+        if p.poll() is None: p.kill()
+    return benchmark_dir(kwargs['scale'], kwargs['root'])
 
 # %% ../../nbs/tiny/15_build.ipynb #6bce6556
 @torch.no_grad()

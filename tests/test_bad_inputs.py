@@ -1,0 +1,200 @@
+"""The matrix of bad inputs (issue 11) and what each gets now: an error of fusion_nb's classes naming the culprit.
+
+Each row of `LIBRARY` is (case, setup → callable, expected exception type, message fragments); each row of `CLI` is
+(case, setup, fusion-nb arguments, exit status, stderr fragments). A change that regresses a message or lets a raw
+traceback through fails here. The last tests check that damaged built data is repaired, not trusted.
+"""
+import json, os, subprocess, sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import CLIPVisionConfig, CLIPVisionModel
+
+from fusion_nb.core import FusionError, HyperparameterError, UnknownNameError
+
+TINY_CFG = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8)
+
+def _model_dir(tmp, name='expert'):
+    from fusion_nb.checkpoints import save_vision_model
+    return save_vision_model(CLIPVisionModel(TINY_CFG).state_dict(), tmp/name, TINY_CFG)
+
+def non_utf8_settings(tmp):
+    (tmp/'settings.ini').write_bytes(b'[p]\npretrained = a/b\ndescription = caf\xe9\n')
+    from fusion_nb.reproduce.profiles import list_profiles
+    return lambda: list_profiles(tmp/'settings.ini')
+
+def misspelt_key(tmp):
+    (tmp/'settings.ini').write_text('[p]\npretrained = a/b\ntasks = x\nbach_size = 8\n')
+    from fusion_nb.reproduce.profiles import load_profile
+    return lambda: load_profile('p', settings=tmp/'settings.ini')
+
+def truncated_build_manifest(tmp):
+    (tmp/'data'/'micro').mkdir(parents=True); (tmp/'data'/'micro'/'manifest.json').write_text('{"scale": "micro", "fil')
+    from fusion_nb.tiny.build import build_benchmark
+    return lambda: build_benchmark('micro', tmp, progress=False)
+
+def empty_safetensors(tmp):
+    d = _model_dir(tmp); (d/'model.safetensors').write_bytes(b'')
+    from fusion_nb.checkpoints import vision_state_dict
+    return lambda: vision_state_dict(d, name='gtsrb')
+
+def truncated_safetensors(tmp):
+    d = _model_dir(tmp); f = d/'model.safetensors'; f.write_bytes(f.read_bytes()[:-40])
+    from fusion_nb.checkpoints import vision_state_dict
+    return lambda: [v for v in vision_state_dict(d, name='gtsrb').values()]
+
+class Payload:
+    def __reduce__(self): return (os.system, ('echo pwned',))
+
+def refused_pickle(tmp):
+    torch.save({'w': torch.zeros(1), 'x': Payload()}, tmp/'pytorch_model.bin')
+    from fusion_nb.checkpoints import LazyStateDict
+    return lambda: LazyStateDict(tmp, name='svhn')
+
+def save_into_foreign_folder(tmp):
+    (tmp/'out').mkdir(); (tmp/'out'/'notes.md').write_text('mine')
+    from fusion_nb.checkpoints import save_vision_model
+    return lambda: save_vision_model(CLIPVisionModel(TINY_CFG).state_dict(), tmp/'out', TINY_CFG)
+
+def cuda_without_gpu(tmp):
+    from fusion_nb.core import get_device
+    return lambda: get_device('cuda')
+
+def cuda_profile_without_gpu(tmp):
+    (tmp/'settings.ini').write_text('[gpu]\npretrained = ./m\ntasks = x\ndevice = cuda\n')
+    from fusion_nb.reproduce.profiles import load_profile, prepare
+    return lambda: prepare(load_profile('gpu', settings=tmp/'settings.ini'), log=lambda s: None)
+
+def only_empty_name(tmp):
+    from fusion_nb.reproduce.runner import select_experiments
+    return lambda: select_experiments(['00_a', '01_b'], [''])
+
+def empty_test_split(tmp):
+    import datasets
+    from datasets import ClassLabel, Dataset, DatasetDict
+    from PIL import Image
+    f = datasets.Features({'image': datasets.Image(), 'label': ClassLabel(names=['a', 'b'])})
+    DatasetDict({'train': Dataset.from_dict({'image': [Image.new('RGB', (4, 4))], 'label': [0]}, features=f),
+                 'test': Dataset.from_dict({'image': [], 'label': []}, features=f)}).save_to_disk(str(tmp/'ds'))
+    from fusion_nb.pools import Task
+    return lambda: Task('toy', tmp/'ds').load()
+
+def unwritable_output_root(tmp):
+    (tmp/'afile').write_text('')
+    from fusion_nb.reproduce.runner import writable_profile_dir
+    return lambda: writable_profile_dir(tmp/'afile', 'tiny')
+
+def bad_thread_override(tmp):
+    from fusion_nb.tiny.build import build_threads
+    os.environ['FUSION_NB_BUILD_THREADS'] = '0'
+    return build_threads
+
+LIBRARY = [  # case, setup, exception, message fragments (all must appear), fragments that must not
+    ('settings.ini with a non-UTF-8 byte', non_utf8_settings, FusionError, ['settings.ini is not UTF-8 text: byte 0xe9 on line 3'], []),
+    ('misspelt settings.ini key', misspelt_key, FusionError, ["profile 'p'", "unknown key 'bach_size' (did you mean 'batch_size'"], []),
+    ('truncated build manifest.json', truncated_build_manifest, FusionError, ["micro/manifest.json is not a readable build manifest (truncated", 'Delete it'], []),
+    ('empty safetensors file', empty_safetensors, FusionError, ["model 'gtsrb'", "model.safetensors' is not a valid safetensors file (empty"], []),
+    ('truncated safetensors file', truncated_safetensors, FusionError, ["model 'gtsrb'", 'is not a valid safetensors file', 'truncated or corrupt'], []),
+    ('pickle with code in it', refused_pickle, FusionError, ["model 'svhn'", "pytorch_model.bin' is a pickle that holds more than tensors", 'system'], ['weights_only']),
+    ('save_vision_model into a folder with other files', save_into_foreign_folder, FusionError, ['(notes.md), which saving would delete'], []),
+    ("device='cuda' without a GPU", cuda_without_gpu, FusionError, ["device 'cuda' requested but CUDA is not available"], []),
+    ('profile with device = cuda without a GPU', cuda_profile_without_gpu, FusionError, ["profile 'gpu': device 'cuda' requested"], []),
+    ("--only ''", only_empty_name, UnknownNameError, ["no experiment named in ['']. Experiments: 00_a, 01_b"], []),
+    ('empty test split', empty_test_split, FusionError, ["dataset of task 'toy': split 'test' of", 'is empty (0 examples)'], []),
+    ('unwritable output root', unwritable_output_root, FusionError, ["cannot write the outputs of profile 'tiny' to", '--output-root'], []),
+    ('FUSION_NB_BUILD_THREADS=0', bad_thread_override, HyperparameterError, ["FUSION_NB_BUILD_THREADS='0': expected an integer ≥ 1"], []),
+]
+
+@pytest.mark.parametrize('case, setup, exc, parts, absent', LIBRARY, ids=[c[0] for c in LIBRARY])
+def test_bad_input_gets_a_clear_error(case, setup, exc, parts, absent, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)   # the GPU cases hold on a GPU machine too
+    monkeypatch.delenv('FUSION_NB_BUILD_THREADS', raising=False)
+    call = setup(tmp_path)
+    try:
+        with pytest.raises(exc) as e: call()
+    finally: os.environ.pop('FUSION_NB_BUILD_THREADS', None)
+    for p in parts: assert p in str(e.value), (case, str(e.value))
+    for a in absent: assert a not in str(e.value), (case, str(e.value))
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="merge_streaming (nbs/methods, not this change's) moves tensors to "
+                   "`device` without fusion_nb.core.get_device: a bare 'Torch not compiled with CUDA enabled'")
+def test_merge_on_cuda_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    from fusion_nb.merge import merge
+    with pytest.raises(FusionError, match="CUDA is not available"):
+        merge('task_arithmetic', {'w': torch.zeros(2)}, {'a': {'w': torch.ones(2)}}, device='cuda', progress=False)
+
+# --- the command line: exit status 2 and one line, never a traceback -------------------------------------------------
+
+GOOD = '[demo]\ntasks = a\npretrained = ./models/none\nexpert_template = ./models/none_{task}\ndataset_template = ./datasets/{task}\n'
+
+def _project(tmp, settings):
+    (tmp/'nbs'/'experiments').mkdir(parents=True)
+    import nbformat
+    nb = nbformat.v4.new_notebook(); c = nbformat.v4.new_code_cell("profile = 'demo'\noutput_dir = None"); c.metadata['tags'] = ['parameters']
+    nb.cells = [nbformat.v4.new_markdown_cell('# A'), c, nbformat.v4.new_code_cell('1')]
+    nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
+    nbformat.write(nb, str(tmp/'nbs'/'experiments'/'00_a.ipynb'))
+    (tmp/'settings.ini').write_bytes(settings if isinstance(settings, bytes) else settings.encode())
+    return tmp
+
+CLI = [  # case, settings.ini, arguments, exit status, stderr fragments
+    ('fusion-nb list with a non-UTF-8 settings.ini', b'[demo]\npretrained = a/b\n# caf\xe9\n', ['list'], 2, ['is not UTF-8 text: byte 0xe9 on line 3']),
+    ('misspelt key', GOOD + 'bach_size = 8\n', ['reproduce', '--profile', 'demo'], 2, ["unknown key 'bach_size' (did you mean 'batch_size'"]),
+    ("--only ''", GOOD, ['reproduce', '--profile', 'demo', '--only', ''], 2, ["no experiment named in ['']"]),
+    ('unwritable output root', GOOD, ['reproduce', '--profile', 'demo', '--output-root', '{tmp}/afile'], 2, ['cannot write the outputs', 'choose a writable folder']),
+    ('device = cuda without a GPU', GOOD + 'device = cuda\n', ['reproduce', '--profile', 'demo'], 2, ["profile 'demo': device 'cuda' requested but CUDA is not available"]),
+]
+
+@pytest.mark.parametrize('case, settings, args, status, parts', CLI, ids=[c[0] for c in CLI])
+def test_cli_bad_input(case, settings, args, status, parts, tmp_path):
+    if 'cuda' in case and torch.cuda.is_available(): pytest.skip('this machine has a GPU')
+    root = _project(tmp_path, settings); (root/'afile').write_text('')
+    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))',
+                        *[a.format(tmp=root) for a in args]], env={**os.environ, 'FUSION_NB_ROOT': str(root)}, capture_output=True, text=True)
+    assert r.returncode == status, r.stderr
+    assert 'Traceback' not in r.stderr and r.stderr.startswith('fusion-nb: error: '), r.stderr
+    for p in parts: assert p in r.stderr, r.stderr
+
+# --- damaged built data is rebuilt, not trusted ----------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def micro(tmp_path_factory):
+    from fusion_nb.tiny.build import build_benchmark, read_manifest
+    root = tmp_path_factory.mktemp('damaged')
+    build_benchmark('micro', root, progress=False, log=lambda s: None)
+    return root, read_manifest('micro', root)['files']
+
+def _rebuild(root):
+    from fusion_nb.tiny.build import build_benchmark, read_manifest, verify_benchmark
+    notes = []
+    build_benchmark('micro', root, progress=False, log=notes.append)
+    m = read_manifest('micro', root)
+    assert verify_benchmark('micro', root) == []
+    return m, '\n'.join(notes)
+
+def test_nan_in_an_expert_is_rebuilt(micro):
+    root, files = micro
+    f = root/'data'/'micro'/'models'/'clip-vit-tiny_mnist'/'model.safetensors'
+    sd = load_file(f); k = next(k for k, v in sd.items() if v.is_floating_point()); sd[k].view(-1)[0] = float('nan')
+    save_file(sd, f, metadata={'format': 'pt'})
+    m, notes = _rebuild(root)
+    assert '1 file(s) of' in notes and 'clip-vit-tiny_mnist/model.safetensors' in notes
+    assert m['rebuilt_now']['models'] == ['mnist'] and m['files'] == files   # the same bytes as before the damage
+
+def test_swapped_experts_are_rebuilt(micro):
+    root, files = micro
+    models = root/'data'/'micro'/'models'
+    a, b = models/'clip-vit-tiny_svhn', models/'clip-vit-tiny_gtsrb'
+    a.rename(models/'swap'); b.rename(a); (models/'swap').rename(b)
+    m, _ = _rebuild(root)
+    assert sorted(m['rebuilt_now']['models']) == ['gtsrb', 'svhn'] and m['files'] == files
+
+def test_a_deleted_split_is_rebuilt(micro):
+    import shutil
+    root, files = micro
+    shutil.rmtree(root/'data'/'micro'/'datasets'/'eurosat'/'test')
+    m, _ = _rebuild(root)
+    assert m['rebuilt_now']['datasets'] == ['eurosat'] and 'eurosat' in m['rebuilt_now']['models'] and m['files'] == files
