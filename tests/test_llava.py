@@ -1,0 +1,81 @@
+"Paper 004 (UQ-Merge): tiny LLaVA directories that load offline like llava-hf/llava-1.5-7b-hf, and bad input around them."
+import json, os, shutil
+from pathlib import Path
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+
+import numpy as np
+import pytest, torch
+from PIL import Image
+from transformers import AutoProcessor, LlavaForConditionalGeneration, LlavaProcessor
+
+from fusion_nb.core import FusionError, IncompatibleModelsError
+from fusion_nb.llava.model import (check_same_llava, llava_part, llava_state_dict, load_llava, make_llava_dir)
+
+TEXTS = ['a photo of a red circle.', 'a photo of a blue square.']
+
+@pytest.fixture(scope='module')
+def llava(tmp_path_factory):
+    return make_llava_dir(tmp_path_factory.mktemp('llava')/'base', TEXTS, seed=0)
+
+def _batch(proc, text='a red circle?', seed=0):
+    img = Image.fromarray(np.random.default_rng(seed).integers(0, 255, (40, 40, 3), dtype=np.uint8))
+    msgs = [{'role': 'user', 'content': [{'type': 'image'}, {'type': 'text', 'text': text}]}]
+    return proc(images=img, text=proc.apply_chat_template(msgs, add_generation_prompt=True), return_tensors='pt')
+
+def test_saved_llava_reloads_with_identical_logits(llava, tmp_path):
+    "A built model, saved and reloaded with the plain transformers loaders, gives the same logits (model and processor)."
+    model, proc = LlavaForConditionalGeneration.from_pretrained(llava).eval(), AutoProcessor.from_pretrained(llava)
+    assert isinstance(proc, LlavaProcessor)
+    batch = _batch(proc)
+    with torch.no_grad(): before = model(**batch).logits
+    model.save_pretrained(tmp_path/'again'); proc.save_pretrained(tmp_path/'again')
+    model2, proc2 = load_llava(tmp_path/'again')
+    batch2 = _batch(proc2)
+    assert torch.equal(batch2.input_ids, batch.input_ids) and torch.equal(batch2.pixel_values, batch.pixel_values)
+    with torch.no_grad(): assert torch.equal(model2(**batch2).logits, before)
+    assert not model2.training
+
+def test_file_layout_is_the_hub_layout(llava):
+    "The weights on disk use llava-1.5-7b-hf's names, and every name falls in exactly one of the three parts."
+    from safetensors import safe_open
+    with safe_open(llava/'model.safetensors', 'pt') as f: keys = list(f.keys())
+    prefixes = {k.split('.')[0] for k in keys}
+    assert prefixes == {'vision_tower', 'multi_modal_projector', 'language_model'}
+    assert {llava_part(k) for k in keys} == {'vision', 'adapter', 'language'}
+    assert 'language_model.lm_head.weight' in keys
+    assert set(llava_state_dict(llava, ['vision'])) | set(llava_state_dict(llava)) == set(keys)
+
+def test_vision_tower_from_a_clip_dir(tmp_path):
+    "A tower taken from a CLIP directory keeps the CLIP's weights and image processor."
+    from fusion_nb.checkpoints import vision_state_dict
+    from fusion_nb.tiny.clip_factory import make_clip_dir
+    clip = make_clip_dir(tmp_path/'clip', TEXTS, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                         text_hidden_size=32, text_intermediate_size=64, text_layers=1, text_heads=2, projection_dim=16)
+    d = make_llava_dir(tmp_path/'llava', TEXTS, vision_source=clip)
+    model, proc = load_llava(d)
+    ref = vision_state_dict(clip)
+    for k, t in model.model.vision_tower.state_dict().items(): assert torch.equal(t, ref[k]), k
+    with torch.no_grad(): assert torch.isfinite(model(**_batch(proc)).logits).all()
+
+def test_different_architectures_are_named(llava, tmp_path):
+    deep = make_llava_dir(tmp_path/'deep', TEXTS, num_layers=3)
+    with pytest.raises(IncompatibleModelsError, match=r"'deep' is not the same architecture as 'base'.*num_hidden_layers: 2 vs 3"):
+        check_same_llava({'base': llava, 'deep': deep})
+    other_vocab = make_llava_dir(tmp_path/'vocab', TEXTS + ['a green triangle'])
+    with pytest.raises(IncompatibleModelsError, match='vocab_size'): check_same_llava({'base': llava, 'vocab': other_vocab})
+
+def test_missing_processor_and_non_llava_are_named(llava, tmp_path):
+    bare = tmp_path/'bare'; bare.mkdir()
+    for f in ('config.json', 'model.safetensors'): shutil.copy(llava/f, bare/f)
+    with pytest.raises(FusionError, match=r"'.*bare' has no processor"): load_llava(bare)
+    cfg = json.loads((llava/'config.json').read_text()); cfg['model_type'] = 'llama'
+    notllava = tmp_path/'notllava'; shutil.copytree(llava, notllava); (notllava/'config.json').write_text(json.dumps(cfg))
+    with pytest.raises(IncompatibleModelsError, match="'llama' model, not a LLaVA"): load_llava(notllava)
+    with pytest.raises(FusionError, match='does not exist'): load_llava(tmp_path/'missing')
+
+def test_hub_id_offline_is_a_clear_error(monkeypatch):
+    "The paper profile's hub id goes through the same loader; offline and uncached it fails with advice, not a stack of hub errors."
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    monkeypatch.setenv('HF_HUB_CACHE', '/nonexistent-cache-for-test')
+    with pytest.raises(FusionError, match="llava-hf/llava-1.5-7b-hf"): load_llava('llava-hf/llava-1.5-7b-hf')
