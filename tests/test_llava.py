@@ -79,3 +79,40 @@ def test_hub_id_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
     monkeypatch.setenv('HF_HUB_CACHE', '/nonexistent-cache-for-test')
     with pytest.raises(FusionError, match="llava-hf/llava-1.5-7b-hf"): load_llava('llava-hf/llava-1.5-7b-hf')
+
+# ---- eq. (1): the perturbation-based uncertainty ----
+from fusion_nb.core import HyperparameterError, UnknownNameError
+from fusion_nb.llava.uncertainty import (OptionItem, item_uncertainty, letter_ids, model_uncertainty, option_items,
+                                         perturbation_uncertainty)
+
+@pytest.fixture(scope='module')
+def loaded(tmp_path_factory):
+    from fusion_nb.tiny.tasks import vocabulary
+    d = make_llava_dir(tmp_path_factory.mktemp('llava_uq')/'m', vocabulary(['gtsrb']), seed=1)
+    return load_llava(d)
+
+def test_uncertainty_is_mutual_information():
+    "Eq. (1) on hand-made passes: zero for identical ones, ln K for K passes each sure of a different letter."
+    assert perturbation_uncertainty(torch.full((3, 4), .25)) == pytest.approx(0, abs=1e-12)
+    assert perturbation_uncertainty(torch.eye(4)) == pytest.approx(np.log(4))
+    with pytest.raises(HyperparameterError): perturbation_uncertainty(torch.ones(3))
+
+def test_uncertainty_on_rendered_questions(loaded):
+    "On stand-in option questions: identical passes give 0, all perturbations give ≥ 0, and the same seed repeats."
+    model, proc = loaded
+    items = option_items('gtsrb', n=3)
+    assert all(proc.tokenizer.unk_token_id not in proc.tokenizer(q.options[0]).input_ids for q in items)
+    assert model_uncertainty(model, proc, items, J=3, perturbations=()).uncertainty == pytest.approx(0, abs=1e-6)
+    r1 = model_uncertainty(model, proc, items, J=3, seed=2)
+    r2 = model_uncertainty(model, proc, items, J=3, seed=2)
+    assert r1.uncertainty >= 0 and r1.uncertainty == r2.uncertainty
+    assert 0 <= r1.accuracy <= 1 and list(r1.items.columns) == ['uncertainty', 'answer', 'prediction', 'correct']
+
+def test_uncertainty_bad_input(loaded):
+    model, proc = loaded
+    item = option_items('gtsrb', n=1)[0]
+    with pytest.raises(HyperparameterError, match='J=0'): item_uncertainty(model, proc, item, J=0)
+    with pytest.raises(HyperparameterError, match='J=2.5'): item_uncertainty(model, proc, item, J=2.5)
+    with pytest.raises(UnknownNameError, match="'dropout'.*image, text, model"): item_uncertainty(model, proc, item, perturbations=['dropout'])
+    with pytest.raises(HyperparameterError, match='attention dropout'): item_uncertainty(model, proc, item, dropout=1.5)
+    with pytest.raises(FusionError, match='not single distinct tokens'): letter_ids(proc.tokenizer, 26 + 1)
