@@ -116,3 +116,62 @@ def test_uncertainty_bad_input(loaded):
     with pytest.raises(UnknownNameError, match="'dropout'.*image, text, model"): item_uncertainty(model, proc, item, perturbations=['dropout'])
     with pytest.raises(HyperparameterError, match='attention dropout'): item_uncertainty(model, proc, item, dropout=1.5)
     with pytest.raises(FusionError, match='not single distinct tokens'): letter_ids(proc.tokenizer, 26 + 1)
+
+# ---- Algorithm 1 on LLaVA directories ----
+import warnings
+from fusion_nb.checkpoints import LazyStateDict, save_state_dict
+from fusion_nb.llava.uq_merge import merge_llava, uq_merge, uq_merge_steps
+
+def _expert(base, out, seed, scale=0.05, vision=False):
+    g = torch.Generator().manual_seed(seed)
+    sd = {k: v + scale * torch.randn(v.shape, generator=g) if (vision or llava_part(k) != 'vision') else v
+          for k, v in LazyStateDict(base).items()}
+    shutil.copytree(base, out); save_state_dict(sd, out/'model.safetensors')
+    return out
+
+@pytest.fixture(scope='module')
+def pool(tmp_path_factory):
+    from fusion_nb.tiny.tasks import vocabulary
+    root = tmp_path_factory.mktemp('pool')
+    base = make_llava_dir(root/'base', vocabulary(['gtsrb']), seed=0)
+    return base, {f'e{i}': _expert(base, root/f'e{i}', i) for i in range(1, 4)}
+
+def test_uq_merge_records_every_step_and_keeps_the_best(pool, tmp_path):
+    base, experts = pool
+    items = option_items('gtsrb', n=3)
+    res = uq_merge(experts, items, tmp_path/'out', method='ties_merging', pretrained=base,
+                   hparams=dict(k=50, scaling_factor=0.5), J=2, perturbations=('image', 'text'))
+    report = json.loads((tmp_path/'out'/'uq_merge.json').read_text())
+    assert [s['step'] for s in report['steps']] == [1, 2, 3] and report['method'] == 'ties_merging'
+    assert [m['model'] for m in report['models']] == [s['added'] for s in report['steps']]
+    us = [m['uncertainty'] for m in report['models']]
+    assert us == sorted(us, reverse=True)
+    best = min(report['steps'], key=lambda s: s['uncertainty'])
+    assert res.selected == best['models'] and all(0 <= s['accuracy'] <= 1 for s in report['steps'])
+    info = json.loads((res.merged/'fusion_nb_merge.json').read_text())
+    assert info['method'] == 'ties_merging' and sorted(info['models']) == sorted(best['models'])
+    model, proc = load_llava(res.merged)
+    again = model_uncertainty(model, proc, items, J=2, perturbations=('image', 'text'))
+    assert again.uncertainty == pytest.approx(best['uncertainty'], abs=1e-6)
+
+def test_merge_llava_keeps_the_shared_tower_and_warns_otherwise(pool, tmp_path):
+    base, experts = pool
+    odd = _expert(base, tmp_path/'odd', 9, vision=True)
+    with pytest.warns(UserWarning, match=r"vision towers differ.*'odd'"):
+        out = merge_llava('simple_average', {'e1': experts['e1'], 'odd': odd}, tmp_path/'m')
+    merged, ref = LazyStateDict(out), LazyStateDict(experts['e1'])
+    for k in merged:
+        if llava_part(k) == 'vision': assert torch.equal(merged[k], ref[k]), k
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # identical towers: no warning
+        merge_llava('simple_average', experts, tmp_path/'m2')
+
+def test_uq_merge_bad_input(pool, tmp_path):
+    base, experts = pool
+    items = option_items('gtsrb', n=1)
+    with pytest.raises(UnknownNameError, match="unknown perturbation 'noise'"): uq_merge(experts, items, tmp_path/'x', perturbations=['noise'])
+    with pytest.raises(HyperparameterError, match='order'): uq_merge_steps({'a': 1}, float, len, order='sideways')
+    with pytest.raises(FusionError, match='has no processor'):
+        bare = tmp_path/'bare'; bare.mkdir()
+        for f in ('config.json', 'model.safetensors'): shutil.copy(base/f, bare/f)
+        uq_merge({'e1': experts['e1'], 'bare': bare}, items, tmp_path/'y')
