@@ -21,8 +21,8 @@ from ..core import FusionError, HyperparameterError, UnknownNameError, check_ran
 __all__ = ['ANSWER_PROMPT', 'EXTRA_OPTIONS', 'LETTERS', 'AUGMIX_OPS', 'SYSTEM_PROMPTS', 'ATTENTION_DROPOUT', 'PERTURBATIONS',
            'DEFAULT_J', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options', 'option_prompt',
            'augment_op', 'augmix_combine', 'augmix', 'option_messages', 'attention_layers', 'attention_dropout',
-           'letter_ids', 'letter_probs', 'check_perturbations', 'perturbed_inputs', 'item_uncertainty', 'UQReport',
-           'model_uncertainty', 'option_items']
+           'letter_ids', 'letter_probs', 'check_perturbations', 'perturbed_inputs', 'item_uncertainty', 'clean_answers',
+           'answer_accuracy', 'UQReport', 'model_uncertainty', 'option_items']
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #8146fda7
 def entropy(p:torch.Tensor, # probabilities along the last dimension
@@ -221,7 +221,26 @@ def item_uncertainty(model, processor, # a LLaVA and its processor
         probs = torch.stack(letter_probs(model, processor, images, prompts, [k] * J))
     return perturbation_uncertainty(probs), probs
 
-# %% ../../nbs/llava/61_uncertainty.ipynb #d9b7f707
+# %% ../../nbs/llava/61_uncertainty.ipynb #c5b2b2ce
+@torch.no_grad()
+def clean_answers(model, processor, # a LLaVA and its processor
+                  items:Sequence[OptionItem], # option questions
+                  batch_size:int=16, # questions per forward pass
+                 )->list[int]:
+    "The model's answer (index of the most probable option letter) to each unperturbed question."
+    out = []
+    for s in range(0, len(items), batch_size):
+        chunk = items[s:s + batch_size]
+        prompts = [processor.apply_chat_template(option_messages(it), add_generation_prompt=True) for it in chunk]
+        out += [int(p.argmax()) for p in letter_probs(model, processor, [it.image for it in chunk], prompts, [len(all_options(it)) for it in chunk])]
+    return out
+
+def answer_accuracy(model, processor, items:Sequence[OptionItem], batch_size:int=16)->float:
+    "Accuracy of the clean answers on the labelled `items` (NaN if none is labelled)."
+    labelled = [it for it in items if it.answer is not None]
+    if not labelled: return float('nan')
+    return float(np.mean([a == it.answer for a, it in zip(clean_answers(model, processor, labelled, batch_size), labelled)]))
+
 @dataclass
 class UQReport:
     "A model's mean uncertainty over items, its accuracy on the labelled ones, and the per-item table."
@@ -238,16 +257,9 @@ def model_uncertainty(model, processor, # a LLaVA and its processor
     "UQ̄(M): eq. (1) averaged over `items`, with the accuracy of the clean answers."
     if not items: raise HyperparameterError("model_uncertainty needs at least one item")
     check_perturbations(perturbations, J)
-    rows = []
-    for i, item in enumerate(items):
-        u, _ = item_uncertainty(model, processor, item, J=J, perturbations=perturbations, dropout=dropout, seed=seed, index=i)
-        rows.append(dict(uncertainty=u, answer=item.answer))
-    for s in range(0, len(items), batch_size):
-        chunk = items[s:s + batch_size]
-        prompts = [processor.apply_chat_template(option_messages(it), add_generation_prompt=True) for it in chunk]
-        for r, p in zip(rows[s:], letter_probs(model, processor, [it.image for it in chunk], prompts, [len(all_options(it)) for it in chunk])):
-            r['prediction'] = int(p.argmax())
-    df = pd.DataFrame(rows)
+    us = [item_uncertainty(model, processor, it, J=J, perturbations=perturbations, dropout=dropout, seed=seed, index=i)[0]
+          for i, it in enumerate(items)]
+    df = pd.DataFrame(dict(uncertainty=us, answer=[it.answer for it in items], prediction=clean_answers(model, processor, items, batch_size)))
     labelled = df.answer.notna()
     df['correct'] = (df.prediction == df.answer).where(labelled)
     return UQReport(float(df.uncertainty.mean()), float(df.correct[labelled].mean()) if labelled.any() else float('nan'), df)
@@ -258,6 +270,7 @@ def option_items(task:str, # a stand-in task of fusion_nb.tiny.tasks
                  n_options:int=4, # the item's own options (the right one included)
                  seed:int=0,
                  question:str='What is in the image?',
+                 shuffle:bool=True, # False: the options in class order (with every class as an option, the answer letter is the label)
                 )->list[OptionItem]:
     "Labelled option questions about `n` rendered images of `task`."
     from fusion_nb.tiny.tasks import TASKS, build_split
@@ -269,6 +282,7 @@ def option_items(task:str, # a stand-in task of fusion_nb.tiny.tasks
         rng = np.random.default_rng([seed, 31, i])
         others = [c for c in range(len(names)) if c != row['label']]
         opts = [row['label'], *rng.choice(others, n_options - 1, replace=False).tolist()]
-        rng.shuffle(opts)
+        if shuffle: rng.shuffle(opts)
+        else: opts.sort()
         out.append(OptionItem(row['image'].convert('RGB'), question, [names[c] for c in opts], opts.index(row['label'])))
     return out

@@ -19,7 +19,7 @@ from ..checkpoints import LazyStateDict, save_state_dict
 from ..merge import MERGE_METHODS, merge
 from .model import check_same_llava, llava_dir, llava_part, llava_state_dict, load_llava
 from .uncertainty import (ATTENTION_DROPOUT, DEFAULT_J, PERTURBATIONS, OptionItem, check_perturbations,
-                                         model_uncertainty)
+                                         answer_accuracy, model_uncertainty)
 
 # %% auto #0
 __all__ = ['ORDERS', 'uq_merge_steps', 'vision_tower_differences', 'merge_llava', 'UQMergeResult', 'uq_merge']
@@ -127,6 +127,7 @@ def uq_merge(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
              hparams:Mapping|None=None, # the method's hyperparameters
              J:int=DEFAULT_J, perturbations:Sequence[str]=PERTURBATIONS, dropout:float=ATTENTION_DROPOUT, seed:int=0, # UQ̄ (eq. 1)
              order:str='descending', # Algorithm 1 line 4
+             heldout:Mapping[str, Sequence[OptionItem]]|None=None, # name → labelled questions never used for selection: accuracy recorded per step
              device:str|None='cpu',
             )->UQMergeResult:
     "Algorithm 1 on LLaVA models: the lowest-uncertainty incremental merge, with every step's uncertainty and accuracy."
@@ -138,7 +139,8 @@ def uq_merge(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
     def uncertainty(source):
         model, proc = load_llava(source, device=device)
         r = model_uncertainty(model, proc, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed)
-        return {'uncertainty': r.uncertainty, 'accuracy': r.accuracy}
+        return {'uncertainty': r.uncertainty, 'accuracy': r.accuracy,
+                **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()}}
     def merge_fn(names): return merge_llava(method, {n: models[n] for n in names}, work/f'step{len(names):03d}', pretrained=pretrained, **(hparams or {}))
     try:
         best, singles, steps = uq_merge_steps(models, uncertainty, merge_fn, order=order, discard=lambda d: shutil.rmtree(d, ignore_errors=True))
