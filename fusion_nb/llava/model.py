@@ -161,9 +161,9 @@ _ARCH_FIELDS = {'text_config': ('model_type', 'vocab_size', 'hidden_size', 'inte
                 None: ('model_type', 'projector_hidden_act', 'image_token_index', 'vision_feature_layer', 'vision_feature_select_strategy')}
 
 def llava_architecture(source:str|Path)->dict:
-    "The config fields that fix a LLaVA's weight shapes and wiring."
-    cfg = json.loads((llava_dir(source)/'config.json').read_text())
-    return {f"{sec or 'llava'}.{f}": (cfg.get(sec) or {} if sec else cfg).get(f) for sec, fs in _ARCH_FIELDS.items() for f in fs}
+    "The config fields that fix a LLaVA's weight shapes and wiring (defaults filled in, as hub configs omit them)."
+    cfg = LlavaConfig.from_pretrained(llava_dir(source))
+    return {f"{sec or 'llava'}.{f}": getattr(cfg if sec is None else getattr(cfg, sec), f, None) for sec, fs in _ARCH_FIELDS.items() for f in fs}
 
 def check_same_llava(sources:Mapping[str, str|Path], # name → hub id or LLaVA directory
                     )->dict:
