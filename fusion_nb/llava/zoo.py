@@ -107,21 +107,21 @@ def zoo_recipes(tasks:Sequence[str], # one clean variant per task
                 noisy:Sequence[str]=(), # tasks that also get a noisy-label variant
                 overtrained:Sequence[str]=(), # tasks that also get an overtrained variant
                 noise:float=0.8, # fraction of answers replaced in a noisy variant
-                overtrain:int=5, # overtrained: this many times the steps and the learning rate
+                overtrain:int=4, # overtrained: this many times the steps
                )->dict[str, dict]:
     "name → recipe (task, noise, step and learning-rate multipliers) of every instruction-tuned variant."
     r = {t: dict(task=t, noise=0., steps_x=1, lr_x=1) for t in tasks}
     r |= {f'{t}_noisy': dict(task=t, noise=noise, steps_x=1, lr_x=1) for t in noisy}
-    r |= {f'{t}_overtrained': dict(task=t, noise=0., steps_x=overtrain, lr_x=overtrain) for t in overtrained}
+    r |= {f'{t}_overtrained': dict(task=t, noise=0., steps_x=overtrain, lr_x=1) for t in overtrained}
     return r
 
 # %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #32988619
 def build_llava_zoo(root:str|Path, # folder receiving base/, one folder per variant and manifest.json
                     tasks:Sequence[str], # tasks of the clean variants (their vocabulary goes into the tokenizer)
                     *,
-                    noisy:Sequence[str]=(), overtrained:Sequence[str]=(), noise:float=0.8, overtrain:int=5,
+                    noisy:Sequence[str]=(), overtrained:Sequence[str]=(), noise:float=0.8, overtrain:int=4,
                     n_captions:int=2000, pretrain_steps:int=300, pretrain_lr:float=3e-3, # stage 1
-                    n_train:int=200, tune_steps:int=60, tune_lr:float=1e-3, batch_size:int=16, # stage 2, per variant
+                    n_train:int=200, tune_steps:int=120, tune_lr:float=3e-3, batch_size:int=16, # stage 2, per variant
                     seed:int=0, device:str|None='cpu', progress:bool=True,
                     **arch, # make_llava_dir's architecture arguments
                    )->dict:
