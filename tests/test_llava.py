@@ -175,3 +175,26 @@ def test_uq_merge_bad_input(pool, tmp_path):
         bare = tmp_path/'bare'; bare.mkdir()
         for f in ('config.json', 'model.safetensors'): shutil.copy(base/f, bare/f)
         uq_merge({'e1': experts['e1'], 'bare': bare}, items, tmp_path/'y')
+
+# ---- the tiny zoo: pretraining and instruction tuning ----
+from fusion_nb.llava.zoo import build_llava_zoo, instruction_examples, train_llava
+from fusion_nb.llava.uq_merge import vision_tower_differences
+
+def test_zoo_builds_loadable_variants_sharing_the_tower(tmp_path):
+    "A minimal zoo: base + clean, noisy and overtrained variants; a manifest; one shared vision tower."
+    m = build_llava_zoo(tmp_path/'zoo', ['svhn'], noisy=['svhn'], overtrained=['svhn'], n_captions=6, pretrain_steps=2,
+                        n_train=4, tune_steps=1, batch_size=2, progress=False, hidden_size=32, num_heads=2)
+    assert sorted(m['variants']) == ['svhn', 'svhn_noisy', 'svhn_overtrained']
+    assert m['variants']['svhn_overtrained']['steps'] == 4 and m['variants']['svhn_noisy']['noise'] == 0.8
+    assert json.loads((tmp_path/'zoo'/'manifest.json').read_text()) == m
+    assert vision_tower_differences(tmp_path/'zoo'/'random', {n: tmp_path/'zoo'/n for n in ['base', *m['variants']]}) == {}
+    model, proc = load_llava(tmp_path/'zoo'/'svhn')
+    assert model.config.text_config.hidden_size == 32
+
+def test_training_bad_input(llava, tmp_path):
+    model, proc = load_llava(llava)
+    items = option_items('gtsrb', n=2)
+    with pytest.raises(HyperparameterError, match='noise=-0.1'): instruction_examples(proc, items, noise=-0.1)
+    with pytest.raises(HyperparameterError, match='labelled'): instruction_examples(proc, [OptionItem(items[0].image, 'q', ['a', 'b'])])
+    with pytest.raises(HyperparameterError, match='lr=0'): train_llava(llava, instruction_examples(proc, items), tmp_path/'t', lr=0)
+    assert not (tmp_path/'t').exists()

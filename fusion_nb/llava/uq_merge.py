@@ -22,7 +22,8 @@ from .uncertainty import (ATTENTION_DROPOUT, DEFAULT_J, PERTURBATIONS, OptionIte
                                          answer_accuracy, model_uncertainty)
 
 # %% auto #0
-__all__ = ['ORDERS', 'uq_merge_steps', 'vision_tower_differences', 'merge_llava', 'UQMergeResult', 'uq_merge']
+__all__ = ['ORDERS', 'uq_merge_steps', 'vision_tower_differences', 'merge_llava', 'UQMergeResult', 'uq_merge',
+           'random_selections']
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #4fdb2260
 ORDERS = ('descending', 'ascending')  # Algorithm 1 line 4 sorts by descending uncertainty
@@ -152,3 +153,29 @@ def uq_merge(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
                   order=order, models=singles.to_dict('records'), steps=steps.to_dict('records'))
     atomic_write_text(out_dir/'uq_merge.json', json.dumps(report, indent=2, default=str))
     return UQMergeResult(final, singles, steps)
+
+# %% ../../nbs/llava/62_uq_merge.ipynb #ab38a209
+def random_selections(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
+                      k:int, # models per selection (UQ-Merge's selection size)
+                      items:Sequence[OptionItem], # held-in questions (uncertainty and accuracy)
+                      out_dir:str|Path, # scratch folder for the merges (removed afterwards)
+                      *,
+                      draws:int=3, method:str='linear', pretrained:str|Path|None=None, hparams:Mapping|None=None,
+                      J:int=DEFAULT_J, perturbations:Sequence[str]=PERTURBATIONS, dropout:float=ATTENTION_DROPOUT, seed:int=0,
+                      heldout:Mapping[str, Sequence[OptionItem]]|None=None, device:str|None='cpu',
+                     )->pd.DataFrame:
+    "Merge `draws` random `k`-subsets of `models` with `method`; one row of metrics per draw (paper 004 §4.2's baselines)."
+    import numpy as np
+    names = list(models)
+    if not 1 <= k <= len(names): raise HyperparameterError(f"k={k} is out of range: expected 1 … {len(names)} (the number of models)")
+    check_perturbations(perturbations, J); MERGE_METHODS[method]
+    rng, rows, work = np.random.default_rng([seed, 404]), [], Path(out_dir)
+    for d in range(draws):
+        pick = sorted(rng.choice(len(names), k, replace=False).tolist())
+        merged = merge_llava(method, {names[i]: models[names[i]] for i in pick}, work/f'draw{d:03d}', pretrained=pretrained, **(hparams or {}))
+        model, proc = load_llava(merged, device=device)
+        r = model_uncertainty(model, proc, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed)
+        rows.append({'draw': d, 'models': [names[i] for i in pick], 'uncertainty': r.uncertainty, 'accuracy': r.accuracy,
+                     **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()}})
+        shutil.rmtree(merged, ignore_errors=True)
+    return pd.DataFrame(rows)
