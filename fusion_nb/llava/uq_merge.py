@@ -15,7 +15,8 @@ import pandas as pd
 import torch
 
 from ..core import FusionError, HyperparameterError, atomic_dir, atomic_write_text, get_device
-from ..checkpoints import LazyStateDict, save_state_dict
+from huggingface_hub import save_torch_state_dict
+
 from ..merge import MERGE_METHODS, merge
 from .model import check_same_llava, llava_dir, llava_part, llava_state_dict, load_llava
 from .uncertainty import (ATTENTION_DROPOUT, DEFAULT_J, PERTURBATIONS, OptionItem, check_perturbations,
@@ -82,6 +83,7 @@ def merge_llava(method:str, # a registered merge method, e.g. 'linear', 'ties_me
                 out_dir:str|Path, # the merged LLaVA directory to (re)create
                 *,
                 pretrained:str|Path|None=None, # the base LLaVA (needed by task-vector methods)
+                shard_size:int|str='5GB', # largest weight file (llava-1.5-7b-hf's shards are under 5 GB)
                 **hparams, # the method's hyperparameters
                )->Path:
     "Merge the adapters and language models of `models` with `method`; keep the shared vision tower; write a LLaVA directory."
@@ -101,7 +103,7 @@ def merge_llava(method:str, # a registered merge method, e.g. 'linear', 'ties_me
     with atomic_dir(out_dir) as tmp:
         for f in ref_dir.iterdir():
             if f.is_file() and not any(f.match(g) for g in _WEIGHT_FILES): shutil.copy(f, tmp/f.name)
-        save_state_dict(tensors, tmp/'model.safetensors')
+        save_torch_state_dict(tensors, tmp, max_shard_size=shard_size)  # one file for a tiny model, shards + index for 7B
         info = dict(method=method, models={n: str(s) for n, s in models.items()}, pretrained=None if pretrained is None else str(pretrained),
                     hparams={k: v for k, v in hparams.items() if isinstance(v, (int, float, str, bool, type(None)))},
                     vision_tower_from=ref_name, vision_towers_differ=sorted(diff))
