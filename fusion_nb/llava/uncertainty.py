@@ -175,7 +175,7 @@ def letter_probs(model, processor, # a LLaVA and its processor
                 )->list[torch.Tensor]:
     "Per pass, the softmax over the option letters' logits of the first generated token (one batched forward)."
     batch = processor(images=list(images), text=list(prompts), padding=True, padding_side='right', return_tensors='pt')
-    batch = batch.to(model.device)
+    batch = batch.to(device=model.device, dtype=model.dtype)  # pixel values in the model's dtype (fp16/bf16 for 7B)
     logits = model(**batch).logits.float()
     last = batch['attention_mask'].sum(-1) - 1  # the last real token of each row
     ids = letter_ids(processor.tokenizer, max(n_options))
@@ -246,6 +246,7 @@ class UQReport:
     "A model's mean uncertainty over items, its accuracy on the labelled ones, and the per-item table."
     uncertainty:float
     accuracy:float # NaN when no item is labelled
+    answer_entropy:float # entropy (nats) of the clean answers' letters over items: 0 when every question gets the same letter
     items:pd.DataFrame = field(repr=False)
 
 def model_uncertainty(model, processor, # a LLaVA and its processor
@@ -262,7 +263,9 @@ def model_uncertainty(model, processor, # a LLaVA and its processor
     df = pd.DataFrame(dict(uncertainty=us, answer=[it.answer for it in items], prediction=clean_answers(model, processor, items, batch_size)))
     labelled = df.answer.notna()
     df['correct'] = (df.prediction == df.answer).where(labelled)
-    return UQReport(float(df.uncertainty.mean()), float(df.correct[labelled].mean()) if labelled.any() else float('nan'), df)
+    freq = torch.tensor(df.prediction.value_counts(normalize=True).values, dtype=torch.float64)
+    return UQReport(float(df.uncertainty.mean()), float(df.correct[labelled].mean()) if labelled.any() else float('nan'),
+                    float(entropy(freq)), df)
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #6b3212ed
 def option_items(task:str, # a stand-in task of fusion_nb.tiny.tasks

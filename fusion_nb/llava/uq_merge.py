@@ -142,7 +142,7 @@ def uq_merge(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
     def uncertainty(source):
         model, proc = load_llava(source, device=device)
         r = model_uncertainty(model, proc, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed)
-        return {'uncertainty': r.uncertainty, 'accuracy': r.accuracy,
+        return {'uncertainty': r.uncertainty, 'accuracy': r.accuracy, 'answer_entropy': r.answer_entropy,
                 **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()}}
     def merge_fn(names): return merge_llava(method, {n: models[n] for n in names}, work/f'step{len(names):03d}', pretrained=pretrained, **(hparams or {}))
     try:
@@ -177,7 +177,7 @@ def random_selections(models:Mapping[str, str|Path], # name → LLaVA directory 
         merged = merge_llava(method, {names[i]: models[names[i]] for i in pick}, work/f'draw{d:03d}', pretrained=pretrained, **(hparams or {}))
         model, proc = load_llava(merged, device=device)
         r = model_uncertainty(model, proc, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed)
-        rows.append({'draw': d, 'models': [names[i] for i in pick], 'uncertainty': r.uncertainty, 'accuracy': r.accuracy,
+        rows.append({'draw': d, 'models': [names[i] for i in pick], 'uncertainty': r.uncertainty, 'accuracy': r.accuracy, 'answer_entropy': r.answer_entropy,
                      **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()}})
         shutil.rmtree(merged, ignore_errors=True)
     return pd.DataFrame(rows)
