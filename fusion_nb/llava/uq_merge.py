@@ -7,18 +7,17 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/uq_merge.html.md"""
 # %% ../../nbs/llava/62_uq_merge.ipynb #cc938238
 from __future__ import annotations
 import inspect, json, shutil, tempfile, warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 import torch
-
-from ..core import FusionError, HyperparameterError, atomic_dir, atomic_write_text, get_device
 from huggingface_hub import save_torch_state_dict
 
+from ..core import HyperparameterError, atomic_dir, atomic_write_text
 from ..merge import MERGE_METHODS, merge
-from .model import check_same_llava, llava_dir, llava_part, llava_state_dict, load_llava
+from .model import check_same_llava, llava_dir, llava_state_dict, load_llava
 from .uncertainty import (ATTENTION_DROPOUT, DEFAULT_J, PERTURBATIONS, OptionItem, check_perturbations,
                                          answer_accuracy, model_uncertainty)
 

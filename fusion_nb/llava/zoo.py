@@ -8,15 +8,15 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/tiny_llava_zoo.html.md"""
 from __future__ import annotations
 import json, shutil, time
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..core import HyperparameterError, atomic_dir, atomic_write_text, check_range, get_device, seed_everything
+from ..core import HyperparameterError, atomic_dir, atomic_write_text, check_range
 from .model import llava_part, load_llava, make_llava_dir
-from .uncertainty import LETTERS, OptionItem, all_options, option_items, option_messages
+from .uncertainty import LETTERS, OptionItem, option_items, option_messages
 
 # %% auto #0
 __all__ = ['CAPTION_PROMPT', 'ZOO_TASKS', 'ZOO_NOISY', 'ZOO_OVERTRAINED', 'HELD_IN_TASKS', 'HELD_OUT_TASKS', 'supervised_example',
