@@ -198,3 +198,11 @@ def test_training_bad_input(llava, tmp_path):
     with pytest.raises(HyperparameterError, match='labelled'): instruction_examples(proc, [OptionItem(items[0].image, 'q', ['a', 'b'])])
     with pytest.raises(HyperparameterError, match='lr=0'): train_llava(llava, instruction_examples(proc, items), tmp_path/'t', lr=0)
     assert not (tmp_path/'t').exists()
+
+def test_uncertainty_of_a_bfloat16_model(llava):
+    "A 7B LLaVA is loaded in bf16/fp16: eq. (1) runs on it (logits are read in float32)."
+    model, proc = load_llava(llava, dtype='bfloat16')
+    assert model.dtype == torch.bfloat16
+    items = [OptionItem(Image.new('RGB', (32, 32), 'red'), 'What is in the image?', ['circle', 'square'], answer=0)]
+    rep = model_uncertainty(model, proc, items, J=2)
+    assert np.isfinite(rep.uncertainty) and rep.uncertainty >= 0
