@@ -123,3 +123,30 @@ def test_bad_input_is_named():
     with pytest.raises(FusionError, match='not in the class subset'): subset_accuracy(torch.randn(2, 5), torch.tensor([0, 4]), [0, 1, 2])
     with pytest.raises(FusionError, match='teacher'): counterfactual_loss(torch.randn(2, 3), torch.tensor([0, 1]), torch.randn(2, 4), torch.randn(2, 5))
     with pytest.raises(HyperparameterError, match='temperature'): kd_loss(torch.randn(2, 3), torch.randn(2, 3), temperature=-1.)
+
+def test_experiment_notebook_on_micro(tmp_path):
+    "nbs/experiments/30_masked_images.ipynb runs under papermill on the micro benchmark; its tables are consistent with each other."
+    import os, subprocess, sys
+    import pandas as pd
+    from conftest import REPO
+    out = tmp_path/'out'
+    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/'30_masked_images.ipynb'), str(tmp_path/'run.ipynb'), '-k', 'python3',
+            '-p', 'profile', 'micro', '-p', 'output_dir', str(out), '-y',
+            'thresholds: [0.5]\nrates: [0.5]\nwise_alphas: [0.0, 1.0]\nsoup_lr_factors: [1.0, 2.0]\ntable2_images: 40']
+    r = subprocess.run(args, cwd=REPO/'nbs'/'experiments', capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    t1 = pd.read_csv(out/'table1.csv', index_col=[0, 1, 2])
+    assert len(t1) == 3 + 9 and list(t1.columns) == ['IN', 'IN-V2', 'IN-R', 'IN-Sketch', 'ObjectNet', 'IN-A', 'OOD avg.']
+    assert t1['OOD avg.'].values == pytest.approx(t1.iloc[:, 1:6].mean(axis=1).values)
+    rec = pd.read_csv(out/'results.csv').pivot_table(index='model', columns='task', values='value')
+    # WiSE-FT at α = 0 is the zero-shot model and at α = 1 the vanilla fine-tuned one (fusion_nb.methods.interpolation.wise_ft)
+    assert rec.loc['wise-ft/0.0/s0'].values == pytest.approx(rec.loc['zero-shot'].values)
+    assert rec.loc['wise-ft/1.0/s0'].values == pytest.approx(rec.loc['vanilla/s0'].values)
+    t2 = pd.read_csv(out/'table2.csv', index_col=0)
+    assert ((t2.values >= 0) & (t2.values <= 1)).all()
+    # a lower threshold masks a superset of patches: both masking rates can only grow (thresholds are in decreasing order)
+    assert (t2.loc['Image MR'].diff().dropna() >= 0).all() and (t2.loc['Object MR'].diff().dropna() >= 0).all()
+    t3 = pd.read_csv(out/'table3.csv', index_col=0)   # α = 0.5 is not among this run's wise_alphas: no WiSE-FT (α=0.5) row values
+    assert {'Zero-shot', 'Vanilla fine-tuning', 'LP-FT', 'Uniform soup', 'Ours (multi-fill)', 'Ours (single-fill)', 'WiSE-KD (ours)'} <= set(t3.index)
+    assert t3.loc['Zero-shot'].values == pytest.approx(t1.loc[('Zero-shot', '/', '/')].values)
+    assert (out/'figure6.png').exists() and (out/'figure7.png').exists()
