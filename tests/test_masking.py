@@ -1,0 +1,152 @@
+"""Paper 003's masking library (fusion_nb.masking): integration on the micro project and bad input, beyond the notebooks' own tests."""
+import copy, itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from datasets import load_from_disk
+from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, CLIPVisionModel
+
+from fusion_nb.core import FusionError, HyperparameterError, UnknownNameError
+from fusion_nb.evaluation import ZeroShotClassifier, zeroshot_head
+from fusion_nb.masking.cam import ZeroShotLogits, capture_attentions, class_cam
+from fusion_nb.masking.masks import (MASKINGS, REFILLS, context_mask, counterfactual_features, counterfactuals, encode_kept,
+                                     masking_metrics, object_mask, random_mask, single_fill)
+from fusion_nb.masking.counterfactual_ft import (CounterfactualFT, counterfactual_loss, finetune_counterfactual, kd_loss,
+                                                 subset_accuracy)
+from fusion_nb.methods.interpolation import wise_ft
+from fusion_nb.tiny.finetune import pixel_values
+
+from conftest import MICRO_TEMPLATES
+
+@pytest.fixture(scope='module')
+def micro(micro_project):
+    "The micro project's CLIP (random weights), tokenizer, processor and its 'colors' dataset (4 classes, 32×32 RGB)."
+    d = micro_project/'models'/'clip'
+    ds = load_from_disk(str(micro_project/'datasets'/'colors'))
+    return CLIPModel.from_pretrained(d).eval(), AutoTokenizer.from_pretrained(d), AutoImageProcessor.from_pretrained(d), ds
+
+def _zs(clip, tok, ds):
+    return ZeroShotLogits(clip.visual_projection, clip.logit_scale, zeroshot_head(clip, tok, ds['train'].features['label'].names, MICRO_TEMPLATES))
+
+def test_cam_is_the_same_whatever_the_attention_implementation(micro):
+    "CAM switches to eager attention only inside the call: an SDPA encoder gives the eager encoder's map and stays SDPA."
+    clip, tok, proc, ds = micro
+    zs, x = _zs(clip, tok, ds), pixel_values(proc, ds['test']['image'][:6])
+    y = torch.tensor(ds['test']['label'][:6])
+    enc = clip.vision_model
+    maps = {}
+    for impl in ('sdpa', 'eager'):
+        enc.config._attn_implementation = impl
+        maps[impl] = class_cam(enc, zs, x, y)
+        assert enc.config._attn_implementation == impl
+    torch.testing.assert_close(maps['sdpa'], maps['eager'])
+    assert maps['eager'].shape == (6, 16) and float(maps['eager'].max()) == 1.0 and float(maps['eager'].min()) >= 0
+    with pytest.raises(ValueError, match="doesn.t match model"):   # the hooks are removed and the implementation restored even when the forward fails
+        with capture_attentions(enc) as store: enc(pixel_values=torch.zeros(1, 3, 16, 16))
+    assert enc.config._attn_implementation == 'eager' and not any(m._forward_hooks for m in enc.modules())
+
+def test_identity_counterfactual_is_plain_feature_distillation(micro):
+    "A mask that leaves the image unchanged (object-mask at t = 1, random-mask at rate 0) gives MSE(f̂(x), f(x))."
+    clip, tok, proc, ds = micro
+    zs, x = _zs(clip, tok, ds), pixel_values(proc, ds['test']['image'][:5])
+    y = torch.tensor(ds['test']['label'][:5])
+    teacher, student = clip.vision_model, copy.deepcopy(clip.vision_model)
+    with torch.no_grad():
+        for p in student.parameters(): p.add_(0.05 * torch.randn_like(p))
+        plain = F.mse_loss(zs.features(student(pixel_values=x).pooler_output), zs.features(teacher(pixel_values=x).pooler_output))
+    for cf in [counterfactuals(x, 8, 'object', refill, class_cam(student, zs, x, y), threshold=1.0) for refill in REFILLS] + \
+              [counterfactuals(x, 8, 'random', refill, rate=0.) for refill in REFILLS]:
+        with torch.no_grad():
+            _, parts = counterfactual_loss(zs(student(pixel_values=x).pooler_output), y,
+                                           counterfactual_features(student, zs, cf), counterfactual_features(teacher, zs, cf))
+        assert float(plain) > 0
+        torch.testing.assert_close(parts['mse'], plain, rtol=1e-5, atol=1e-7)
+
+def test_no_fill_trains_through_dropped_tokens(micro):
+    "Gradients flow through `encode_kept`, and only the kept patches' pixels receive any."
+    clip, *_ = micro
+    enc = copy.deepcopy(clip.vision_model).train()
+    x = torch.randn(3, 3, 32, 32, requires_grad=True)
+    keep = torch.zeros(3, 16, dtype=torch.bool); keep[:, :5] = True
+    encode_kept(enc, x, keep).sum().backward()
+    assert all(p.grad is not None for p in enc.encoder.parameters())
+    g = F.unfold(x.grad, 8, stride=8).transpose(1, 2).abs().sum(-1)   # gradient per patch
+    assert (g[:, :5] > 0).all() and (g[:, 5:] == 0).all()
+
+@pytest.mark.parametrize('masking,refill', list(itertools.product(MASKINGS, REFILLS)))
+def test_every_strategy_fine_tunes(micro, masking, refill):
+    "Every masking × refilling combination runs two steps to a finite loss and returns a usable CLIPVisionModel."
+    clip, tok, proc, ds = micro
+    cfg = CounterfactualFT(masking=masking, refill=refill, threshold=0.4, rate=0.5, batch_size=3, epochs=1, warmup_steps=0,
+                           val_size=6, lr=1e-3)
+    res = finetune_counterfactual(clip, tok, proc, ds['train'], ds['train'].features['label'].names, MICRO_TEMPLATES, cfg, progress=False)
+    assert isinstance(res.encoder, CLIPVisionModel) and len(res.history) == 2
+    assert res.history[['loss', 'ce', 'mse']].notna().all().all()
+    assert res.history.mse[0] == 0.   # the first step's student is the teacher
+    clf = ZeroShotClassifier(res.encoder, clip.visual_projection, clip.logit_scale, _zs(clip, tok, ds).head)
+    assert clf(pixel_values(proc, ds['test']['image'][:2])).shape == (2, 4)
+
+def test_wise_kd_with_a_wise_ft_teacher(micro):
+    "Eq. 3: a WiSE-FT (α = 0.5) teacher made by fusion_nb.methods.interpolation.wise_ft adds a non-zero KD term."
+    clip, tok, proc, ds = micro
+    names = ds['train'].features['label'].names
+    ft = finetune_counterfactual(clip, tok, proc, ds['train'], names, MICRO_TEMPLATES,
+                                 CounterfactualFT(masking='none', beta=0., batch_size=3, epochs=1, warmup_steps=0, val_size=6, lr=1e-2),
+                                 progress=False)
+    ft_last = ft.encoder   # may be the zero-shot model if validation preferred it: perturb to make the teacher differ
+    sd = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in ft_last.state_dict().items()}
+    merged = wise_ft(clip.vision_model.state_dict(), {'ft': sd}, alpha=0.5, progress=False)
+    teacher = CLIPVisionModel(clip.config.vision_config); teacher.load_state_dict(dict(merged)); teacher.eval()
+    res = finetune_counterfactual(clip, tok, proc, ds['train'], names, MICRO_TEMPLATES,
+                                  CounterfactualFT(masking='random', refill='single', batch_size=3, epochs=1, val_size=6, kd_gamma=1.),
+                                  kd_teacher=teacher, progress=False)
+    assert (res.history.kd > 0).all()
+    torch.testing.assert_close(torch.tensor(res.history.loss.values), torch.tensor((res.history.ce + 30 * res.history.mse + res.history.kd).values),
+                               rtol=1e-4, atol=1e-5)
+
+def test_bad_input_is_named():
+    x = torch.randn(2, 3, 32, 32); rel = torch.rand(2, 16)
+    for bad in (-0.01, 1.01, float('nan')):
+        with pytest.raises(HyperparameterError, match='threshold'): object_mask(rel, bad)
+        with pytest.raises(HyperparameterError, match='threshold'): context_mask(rel, bad)
+        with pytest.raises(HyperparameterError, match='threshold'): counterfactuals(x, 8, 'context', 'multi', rel, threshold=bad)
+        with pytest.raises(HyperparameterError, match='threshold'): CounterfactualFT(threshold=bad)
+    with pytest.raises(HyperparameterError, match='rate=1.5'): random_mask(2, 16, 1.5)
+    with pytest.raises(UnknownNameError, match="masking strategy 'salient'.*object"): counterfactuals(x, 8, 'salient', 'single', rel)
+    with pytest.raises(UnknownNameError, match="refilling strategy 'zero'.*multi"): counterfactuals(x, 8, 'object', 'zero', rel)
+    with pytest.raises(UnknownNameError, match="masking strategy"): CounterfactualFT(masking='context-mask')
+    with pytest.raises(FusionError, match='33×32 pixels cannot be divided into 8×8 patches'): counterfactuals(torch.zeros(2, 3, 33, 32), 8, 'random', 'single')
+    with pytest.raises(FusionError, match='cannot be divided'): masking_metrics(torch.zeros(1, 16, dtype=torch.bool), torch.zeros(1, 30, 30, dtype=torch.bool), 8)
+    with pytest.raises(FusionError, match='batch has 1 image'): single_fill(x[:1], torch.ones(1, 16, dtype=torch.bool), 8)
+    with pytest.raises(FusionError, match='relevance of shape'): counterfactuals(x, 8, 'object', 'single', rel[:, :8])
+    with pytest.raises(FusionError, match='not in the class subset'): subset_accuracy(torch.randn(2, 5), torch.tensor([0, 4]), [0, 1, 2])
+    with pytest.raises(FusionError, match='teacher'): counterfactual_loss(torch.randn(2, 3), torch.tensor([0, 1]), torch.randn(2, 4), torch.randn(2, 5))
+    with pytest.raises(HyperparameterError, match='temperature'): kd_loss(torch.randn(2, 3), torch.randn(2, 3), temperature=-1.)
+
+def test_experiment_notebook_on_micro(tmp_path):
+    "nbs/experiments/30_masked_images.ipynb runs under papermill on the micro benchmark; its tables are consistent with each other."
+    import os, subprocess, sys
+    import pandas as pd
+    from conftest import REPO
+    out = tmp_path/'out'
+    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/'30_masked_images.ipynb'), str(tmp_path/'run.ipynb'), '-k', 'python3',
+            '-p', 'profile', 'micro', '-p', 'output_dir', str(out), '-y',
+            'thresholds: [0.5]\nrates: [0.5]\nwise_alphas: [0.0, 1.0]\nsoup_lr_factors: [1.0, 2.0]\ntable2_images: 40']
+    r = subprocess.run(args, cwd=REPO/'nbs'/'experiments', capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    t1 = pd.read_csv(out/'table1.csv', index_col=[0, 1, 2])
+    assert len(t1) == 3 + 9 and list(t1.columns) == ['IN', 'IN-V2', 'IN-R', 'IN-Sketch', 'ObjectNet', 'IN-A', 'OOD avg.']
+    assert t1['OOD avg.'].values == pytest.approx(t1.iloc[:, 1:6].mean(axis=1).values)
+    rec = pd.read_csv(out/'results.csv').pivot_table(index='model', columns='task', values='value')
+    # WiSE-FT at α = 0 is the zero-shot model and at α = 1 the vanilla fine-tuned one (fusion_nb.methods.interpolation.wise_ft)
+    assert rec.loc['wise-ft/0.0/s0'].values == pytest.approx(rec.loc['zero-shot'].values)
+    assert rec.loc['wise-ft/1.0/s0'].values == pytest.approx(rec.loc['vanilla/s0'].values)
+    t2 = pd.read_csv(out/'table2.csv', index_col=0)
+    assert ((t2.values >= 0) & (t2.values <= 1)).all()
+    # a lower threshold masks a superset of patches: both masking rates can only grow (thresholds are in decreasing order)
+    assert (t2.loc['Image MR'].diff().dropna() >= 0).all() and (t2.loc['Object MR'].diff().dropna() >= 0).all()
+    t3 = pd.read_csv(out/'table3.csv', index_col=0)   # α = 0.5 is not among this run's wise_alphas: no WiSE-FT (α=0.5) row values
+    assert {'Zero-shot', 'Vanilla fine-tuning', 'LP-FT', 'Uniform soup', 'Ours (multi-fill)', 'Ours (single-fill)', 'WiSE-KD (ours)'} <= set(t3.index)
+    assert t3.loc['Zero-shot'].values == pytest.approx(t1.loc[('Zero-shot', '/', '/')].values)
+    assert (out/'figure6.png').exists() and (out/'figure7.png').exists()
