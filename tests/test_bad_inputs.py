@@ -118,8 +118,6 @@ def test_bad_input_gets_a_clear_error(case, setup, exc, parts, absent, tmp_path,
     for p in parts: assert p in str(e.value), (case, str(e.value))
     for a in absent: assert a not in str(e.value), (case, str(e.value))
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="merge_streaming (nbs/methods, not this change's) moves tensors to "
-                   "`device` without fusion_nb.core.get_device: a bare 'Torch not compiled with CUDA enabled'")
 def test_merge_on_cuda_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     from fusion_nb.merge import merge

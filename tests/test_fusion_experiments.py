@@ -4,7 +4,8 @@ from pathlib import Path
 import pandas as pd
 import pytest, torch
 
-from fusion_nb.methods.rows import PAPER_000_ROWS, ROW_LABELS
+from fusion_nb.methods.rows import paper_rows
+from fusion_nb.reproduce.reports import ROW_LABELS
 from fusion_nb.reproduce.profiles import load_profile, prepare
 from fusion_nb.pools import ModelPool, TaskPool, PRETRAINED
 from fusion_nb.evaluation import evaluate
@@ -31,38 +32,38 @@ def test_eight_task_table_every_row(micro, tmp_path):
     P, models, tasks = micro
     out = run_nb(tmp_path, '04_fusion_eight_tasks')
     table = pd.read_csv(out/'table.csv', index_col=0)
-    assert list(table.index) == [ROW_LABELS[r] for r in ['pretrained', 'finetuned', *PAPER_000_ROWS]]
+    assert list(table.index) == [ROW_LABELS[r] for r in ['pretrained', 'finetuned', *paper_rows('000', 'multi_task', 'micro')]]
     assert list(table.columns) == [*P.tasks, 'Avg.']
     assert table['Avg.'].tolist() == pytest.approx(table[P.tasks].mean(axis=1).tolist())
     # the saved artefacts merge, without training, the models the table evaluated
     pre, experts = models.vision_state(PRETRAINED), {t: models.vision_state(t) for t in P.tasks}
-    lw = layer_wise_adamerging(pre, experts, coefficients=out/'artefacts'/'adamerging_layer_wise.safetensors')
+    lw = layer_wise_adamerging(pre, experts, coefficients=out/'artefacts'/'layer_wise_adamerging.safetensors')
     data = MergeData(models, tasks, seed=P.seed)
     moe = weight_ensembling_moe(pre, experts, data=data, load_from=out/'artefacts'/'weight_ensembling_moe.routers.safetensors')
     rec = evaluate({'lw': lw, 'moe': moe}, models, tasks, batch_size=P.batch_size, seed=P.seed, progress=False)
     acc = rec[rec.metric == 'accuracy'].pivot(index='model', columns='task', values='value') * 100
-    assert acc.loc['lw', P.tasks].tolist() == pytest.approx(table.loc['Layer-wise AdaMerging (λ=0.3)', P.tasks].tolist())
+    assert acc.loc['lw', P.tasks].tolist() == pytest.approx(table.loc['Layer-wise AdaMerging', P.tasks].tolist())
     assert acc.loc['moe', P.tasks].tolist() == pytest.approx(table.loc['Weight-Ensembling MoE', P.tasks].tolist())
     curves = pd.read_csv(out/'learning_curves.csv')
-    assert curves.groupby('method').size().loc['Layer-wise AdaMerging (λ=0.3)'] == 3   # micro: adamerging_steps = 3
+    assert curves.groupby('method').size().loc['Layer-wise AdaMerging'] == 3   # micro: adamerging_steps = 3
 
 def test_generalization_splits(micro, tmp_path):
-    out = run_nb(tmp_path, '05_generalization', '-p', 'rows', 'task_arithmetic adamerging_layer_wise')
+    out = run_nb(tmp_path, '05_generalization', '-p', 'rows', 'task_arithmetic layer_wise_adamerging')
     for exp, seen, unseen in [('exp1', ['sun397', 'stanford_cars', 'resisc45', 'dtd', 'svhn', 'gtsrb'], ['mnist', 'eurosat']),
                               ('exp2', ['sun397', 'stanford_cars', 'gtsrb', 'eurosat', 'dtd', 'mnist'], ['resisc45', 'svhn'])]:
         t = pd.read_csv(out/f'table_{exp}.csv', index_col=0)
         assert list(t.columns) == [*seen, 'avg_seen', *unseen, 'avg_unseen']
-        assert list(t.index) == ['Pre-trained', 'Task Arithmetic (λ=0.3)', 'Layer-wise AdaMerging (λ=0.3)']
+        assert list(t.index) == ['Pre-trained', 'Task Arithmetic', 'Layer-wise AdaMerging']
         assert t['avg_unseen'].tolist() == pytest.approx(t[unseen].mean(axis=1).tolist())
         # the coefficients were learned for the six seen experts only
         from safetensors import safe_open
         import json
-        with safe_open(str(out/'artefacts'/exp/'adamerging_layer_wise.safetensors'), 'pt') as f:
+        with safe_open(str(out/'artefacts'/exp/'layer_wise_adamerging.safetensors'), 'pt') as f:
             assert json.loads(f.metadata()['info'])['tasks'] == seen
 
 def test_robustness_blocks(micro, tmp_path):
     P, models, _ = micro
-    out = run_nb(tmp_path, '06_robustness', '-p', 'corruptions', 'contrast pixelate', '-p', 'rows', 'task_arithmetic adamerging_layer_wise')
+    out = run_nb(tmp_path, '06_robustness', '-p', 'corruptions', 'contrast pixelate', '-p', 'rows', 'task_arithmetic layer_wise_adamerging')
     t = pd.read_csv(out/'table.csv', index_col=[0, 1])
     assert list(dict.fromkeys(t.index.get_level_values(0))) == ['clean', 'contrast', 'pixelate']
     assert list(t.columns) == ['stanford_cars', 'eurosat', 'resisc45', 'gtsrb', 'avg']
@@ -71,4 +72,4 @@ def test_robustness_blocks(micro, tmp_path):
     ta = rec[(rec.method == 'task_arithmetic') & (rec.metric == 'accuracy')]
     assert set(ta.test_set) == {'clean', 'contrast', 'pixelate'}
     # test-time adaptation ran once per test set
-    for s in ['clean', 'contrast', 'pixelate']: assert (out/'artefacts'/s/'adamerging_layer_wise.safetensors').exists()
+    for s in ['clean', 'contrast', 'pixelate']: assert (out/'artefacts'/s/'layer_wise_adamerging.safetensors').exists()

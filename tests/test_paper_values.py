@@ -13,7 +13,7 @@ from fusion_nb.reproduce.reports import load_paper_values, paper_table
 COLUMNS = ['paper', 'table', 'model', 'method', 'task', 'metric', 'value']
 KEY = ['paper', 'table', 'model', 'method', 'task', 'metric']
 METHODS = {'pretrained', 'finetuned', 'simple_average', 'fisher_merging', 'regmean', 'task_arithmetic', 'concrete_task_arithmetic',
-           'ties_merging', 'adamerging_task_wise', 'adamerging_layer_wise', 'concrete_adamerging_layer_wise', 'weight_ensembling_moe'}
+           'ties_merging', 'task_wise_adamerging', 'layer_wise_adamerging', 'concrete_layer_wise_adamerging', 'weight_ensembling_moe'}
 TASKS = ['sun397', 'stanford_cars', 'resisc45', 'eurosat', 'svhn', 'gtsrb', 'mnist', 'dtd']
 AVERAGES = {'avg', 'avg_seen', 'avg_unseen'}
 CORRUPTIONS = ['clean', 'motion_blur', 'impulse_noise', 'gaussian_noise', 'pixelate', 'spatter', 'contrast', 'jpeg_compression']

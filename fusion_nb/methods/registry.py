@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, Registry, check_range
+from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, Registry, check_range, get_device
 from ..algebra import assert_finite, check_compatible, tensor_meta
 
 # %% auto #0
@@ -224,7 +224,7 @@ def _number(name, value, method):
         except ValueError: raise HyperparameterError(f"{method}: {name}={value!r} is not a number") from None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise HyperparameterError(f"{method}: {name}={value!r} is not a number (got {type(value).__name__})")
-    if not math.isfinite(value): raise HyperparameterError(f"{method}: {name}={value!r} is not a finite number")
+    if not math.isfinite(value): raise HyperparameterError(f"{method}: {name}={value!r} is out of range: not a finite number")
     return value if type(value) in (int, float) else float(value)  # ints stay ints: messages and records show what was given
 
 
@@ -335,6 +335,7 @@ def __call__(self:MergeMethod, pretrained, # θ₀: state dict (plain or lazy) o
     "Merge `experts` with this method."
     if len(args) > len(self.positional): raise TypeError(f"{self.name} takes {2 + len(self.positional)} positional arguments, got {2 + len(args)}")
     pretrained, pool = _check_inputs(self, pretrained, experts)
+    if device is not None: device = get_device(device)  # a missing GPU is named, not a bare assertion deep in torch
     hp = self.resolve({**dict(zip(self.positional, args)), **hp})
     if self.rule is not None:
         if data is not None: raise HyperparameterError(f"{self.name} is {self.kind}: it takes no data")

@@ -1,4 +1,4 @@
-"""Every row of paper 000's tables as one call: the method, its paper-000 hyperparameters, the profile's step and sample budgets, and the learned artefacts saved next to the results.
+"""Every row of a paper's table as one call, read from the method declarations: the paper's settings, the profile's step and sample budgets, and the learned artefacts saved next to the results.
 
 Docs: https://fusion-nb.github.io/fusion_nb/methods/rows.html.md"""
 
@@ -11,21 +11,27 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..core import HyperparameterError, UnknownNameError
-from ..merge import merge, PAPER_000_TIES
+from ..merge import MERGE_METHODS
 from .data import MergeData, profile_settings
-from .fisher import fisher_merging
-from .regmean import regmean
-from .adamerging import task_wise_adamerging, layer_wise_adamerging
-from .concrete import concrete_task_arithmetic, concrete_layer_wise_adamerging
-from .we_moe import weight_ensembling_moe
+
 
 # %% auto #0
-__all__ = ['FUSION_SETTINGS', 'PAPER_000_ROWS', 'ROW_LABELS', 'DATA_FREE', 'fusion_settings', 'fuse', 'learning_curves']
+__all__ = ['FUSION_SETTINGS', 'budget_defaults', 'fusion_settings', 'paper_rows', 'fuse', 'learning_curves']
 
 # %% ../../nbs/methods/39_rows.ipynb #d17736b2
-FUSION_SETTINGS = dict(fisher_examples=256, regmean_examples=256, data_batch_size=32, tta_batch_size=16,
-                       adamerging_steps=1000, adamerging_lr=1e-3, concrete_ta_steps=2000, concrete_lw_steps=1000,
-                       concrete_lr=1e-3, wemoe_steps=1000, wemoe_lr=1e-4)
+def budget_defaults(paper:str='000')->dict[str, Any]:
+    "Every profile budget key with the value `paper`'s rows use, read from the declarations that use it."
+    out, users = {}, {}
+    for n in MERGE_METHODS.names():
+        m = MERGE_METHODS[n]
+        for hyper, key in m.budgets.items():
+            v = m.paper_settings(paper)[hyper]
+            if key in out and out[key] != v:
+                raise ValueError(f"budget {key!r}: {users[key]} uses {out[key]!r} but {m.name} uses {v!r} for paper {paper}")
+            out[key], users[key] = v, m.name
+    return dict(sorted(out.items()))
+
+FUSION_SETTINGS = budget_defaults('000')
 
 def fusion_settings(profile=None, # a fusion_nb.reproduce.profiles.Profile whose settings.ini keys override the paper's
                     **overrides, # explicit values (None: not given), e.g. papermill parameters
@@ -40,51 +46,41 @@ def fusion_settings(profile=None, # a fusion_nb.reproduce.profiles.Profile whose
         except (TypeError, ValueError): raise HyperparameterError(f"{k}={v!r} is not a {type(FUSION_SETTINGS[k]).__name__}") from None
     return s
 
-# %% ../../nbs/methods/39_rows.ipynb #a84176d1
-PAPER_000_ROWS = {  # row (paper values' method name) → label
-    'simple_average': 'Simple Averaging', 'fisher_merging': 'Fisher Merging', 'regmean': 'RegMean',
-    'task_arithmetic': 'Task Arithmetic (λ=0.3)', 'concrete_task_arithmetic': 'Concrete Task Arithmetic (λ=0.3)',
-    'ties_merging': 'Ties-Merging (λ=0.3)', 'adamerging_task_wise': 'Task-wise AdaMerging (λ=0.3)',
-    'adamerging_layer_wise': 'Layer-wise AdaMerging (λ=0.3)', 'concrete_adamerging_layer_wise': 'Concrete Layer-wise AdaMerging (λ=0.3)',
-    'weight_ensembling_moe': 'Weight-Ensembling MoE'}
-ROW_LABELS = {'pretrained': 'Pre-trained', 'finetuned': 'Fine-tuned (STL)', **PAPER_000_ROWS}
-DATA_FREE = ('simple_average', 'task_arithmetic', 'ties_merging')
 
-def fuse(row:str, # a key of PAPER_000_ROWS
+# %% ../../nbs/methods/39_rows.ipynb #a84176d1
+def paper_rows(paper:str='000', # paper id, as in data/paper_values
+               table:str='multi_task', # the paper table's id prefix
+               model:str|None=None, # a profile name; None or a model without transcribed values: every model's rows
+               root=None, # project root (default: the one holding settings.ini)
+              )->list[str]:
+    "The declared method names of a paper table's rows, in the paper's order."
+    from fusion_nb.reproduce.reports import load_paper_values
+    v = load_paper_values(root)
+    v = v[(v['paper'].astype(str).str.zfill(3) == paper) & v['table'].str.startswith(table)]
+    if model is not None and (v['model'] == model).any(): v = v[v['model'] == model]
+    return list(dict.fromkeys(MERGE_METHODS[m].name for m in dict.fromkeys(v['method']) if m in MERGE_METHODS))
+
+def fuse(name:str, # a declared method name (or alias)
          pretrained:Mapping, experts:Mapping, # θ₀ and task → expert state dicts
-         data:MergeData|None, # samplers of the experts' tasks (only data-free rows accept None)
+         data:MergeData|None, # samplers of the experts' tasks (training-free methods take None)
          settings:Mapping|None=None, # budgets (`fusion_settings`); default: paper 000's
          artefacts:str|Path|None=None, # folder for learned coefficients, masks and routers
          seed:int=0, progress:bool=True,
+         paper:str='000', # whose row settings to use
         )->tuple[Any, float]:
-    "Run one row's method; return the merged state dict (or, for WE-MoE, the encoder module) and the seconds it took."
-    if row not in PAPER_000_ROWS: raise UnknownNameError(f"unknown row {row!r}. Rows: {', '.join(PAPER_000_ROWS)}")
-    if data is None and row not in DATA_FREE: raise HyperparameterError(f"{row} needs `data` (a MergeData of the experts' tasks)")
+    "Run one row's method with the paper's settings and the budgets; return its result and the seconds it took."
+    m = MERGE_METHODS[name]
+    learns = m.kind in ('data-based', 'test-time')
+    if learns and data is None: raise HyperparameterError(f"{m.name} needs `data` (a MergeData of the experts' tasks)")
     s = {**FUSION_SETTINGS, **(settings or {})}
-    art = (lambda name: None) if artefacts is None else (lambda name: Path(artefacts)/name)
-    if artefacts is not None: Path(artefacts).mkdir(parents=True, exist_ok=True)
-    tta = dict(data=data, batch_size=s['tta_batch_size'], seed=seed, progress=progress)
+    hp = {**m.papers.get(paper, {}), **{h: s[key] for h, key in m.budgets.items()}}
+    if 'seed' in m.hypers: hp['seed'] = seed
+    if artefacts is not None and m.artefact:
+        Path(artefacts).mkdir(parents=True, exist_ok=True); hp['save_to'] = Path(artefacts)/f'{m.name}{m.artefact}'
     t0 = time.time()
-    if row == 'simple_average': out = merge('simple_average', pretrained, experts, progress=progress)
-    elif row == 'task_arithmetic': out = merge('task_arithmetic', pretrained, experts, scaling_factor=0.3, progress=progress)
-    elif row == 'ties_merging': out = merge('ties_merging', pretrained, experts, progress=progress, **PAPER_000_TIES)
-    elif row == 'fisher_merging':
-        out = fisher_merging(pretrained, experts, data=data, num_fisher_examples=s['fisher_examples'], batch_size=s['data_batch_size'], progress=progress)
-    elif row == 'regmean':
-        out = regmean(pretrained, experts, data=data, num_regmean_examples=s['regmean_examples'], batch_size=s['data_batch_size'], progress=progress)
-    elif row == 'adamerging_task_wise':
-        out = task_wise_adamerging(pretrained, experts, steps=s['adamerging_steps'], lr=s['adamerging_lr'], save_to=art(f'{row}.safetensors'), **tta)
-    elif row == 'adamerging_layer_wise':
-        out = layer_wise_adamerging(pretrained, experts, steps=s['adamerging_steps'], lr=s['adamerging_lr'], save_to=art(f'{row}.safetensors'), **tta)
-    elif row == 'concrete_task_arithmetic':
-        out = concrete_task_arithmetic(pretrained, experts, steps=s['concrete_ta_steps'], lr=s['concrete_lr'], save_to=art(f'{row}.mask.safetensors'), **tta)
-    elif row == 'concrete_adamerging_layer_wise':
-        out = concrete_layer_wise_adamerging(pretrained, experts, steps=s['concrete_lw_steps'], lr=s['concrete_lr'],
-                                             adamerging_steps=s['adamerging_steps'], adamerging_lr=s['adamerging_lr'],
-                                             save_to=art(f'{row}.mask.safetensors'), **tta)
-    else:
-        out = weight_ensembling_moe(pretrained, experts, steps=s['wemoe_steps'], lr=s['wemoe_lr'], save_to=art(f'{row}.routers.safetensors'), **tta)
+    out = m(pretrained, experts, progress=progress, **({'data': data} if learns else {}), **hp)
     return out, time.time() - t0
+
 
 # %% ../../nbs/methods/39_rows.ipynb #ce7077b8
 def learning_curves(results:Mapping[str, Any], # label → what `fuse` returned

@@ -8,7 +8,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/reports.html.md"""
 from __future__ import annotations
 import datetime, io, json
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 
@@ -16,9 +16,8 @@ from ..core import atomic_write, atomic_write_text, project_root
 import fusion_nb
 
 # %% auto #0
-__all__ = ['PAPER_VALUE_COLUMNS', 'METHOD_LABELS', 'HEADLINE_ROWS', 'method_task_table', 'to_markdown', 'save_table',
-           'save_records', 'save_figure', 'load_paper_values', 'paper_table', 'compare_with_paper', 'headline_numbers',
-           'write_report']
+__all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'method_task_table', 'to_markdown', 'save_table', 'save_records',
+           'save_figure', 'load_paper_values', 'paper_table', 'compare_with_paper', 'headline_numbers', 'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #614fe7f3
 def method_task_table(records:pd.DataFrame, # tidy records
@@ -106,10 +105,20 @@ def load_paper_values(root:str|Path|None=None, # project root (default: the one 
     if not files: return pd.DataFrame(columns=PAPER_VALUE_COLUMNS)
     return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
 
-METHOD_LABELS = {'pretrained': 'Pre-trained', 'finetuned': 'Fine-tuned (STL)', 'simple_average': 'Simple Averaging',
-                 'task_arithmetic': 'Task Arithmetic', 'ties_merging': 'Ties-Merging', 'fisher_merging': 'Fisher Merging',
-                 'regmean': 'RegMean', 'dare_task_arithmetic': 'DARE (TA)', 'dare_ties': 'DARE (TIES)', 'della': 'DELLA',
-                 'model_stock': 'Model Stock', 'ensemble': 'Ensemble (outputs)'}
+class _RowLabels(Mapping):
+    "Row name → label as tables print it: a declared method's `label`, or one of the rows that are not methods."
+    NOT_METHODS = {'pretrained': 'Pre-trained', 'finetuned': 'Fine-tuned (STL)'}
+    def _methods(self):
+        import fusion_nb.merge  # importing it declares every method
+        return fusion_nb.merge.MERGE_METHODS
+    def __getitem__(self, name):
+        if name in self.NOT_METHODS: return self.NOT_METHODS[name]
+        if name in self._methods(): return self._methods()[name].label
+        raise KeyError(name)
+    def __iter__(self): return iter([*self.NOT_METHODS, *self._methods().names()])
+    def __len__(self): return len(self.NOT_METHODS) + len(self._methods())
+
+ROW_LABELS = _RowLabels()  # `table.rename(index=ROW_LABELS)`; unknown rows keep their names
 
 def paper_table(paper_values:pd.DataFrame, # tidy paper values (`load_paper_values()`)
                 model:str, # profile name the paper's rows belong to, e.g. 'clip-vit-b32'
@@ -138,7 +147,7 @@ def compare_with_paper(reproduced:pd.DataFrame, # wide table (rows = methods, co
 # %% ../../nbs/reproduce/91_reports.ipynb #ca7cc476
 HEADLINE_ROWS = {  # experiment → rows of its table.csv whose `Avg.` heads REPORT.md
     '01_multi_task_merging': ['Pre-trained', 'Fine-tuned (STL)', 'Simple Averaging', 'Task Arithmetic'],
-    '04_fusion_eight_tasks': ['RegMean', 'Layer-wise AdaMerging (λ=0.3)', 'Weight-Ensembling MoE']}
+    '04_fusion_eight_tasks': ['RegMean', 'Layer-wise AdaMerging', 'Weight-Ensembling MoE']}
 
 def _samples(meta:dict)->str:
     "How many test samples a run used, from its recorded inputs."
