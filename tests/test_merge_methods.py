@@ -544,7 +544,7 @@ def test_merge_streaming_reads_each_key_once():
 
 
 def test_lazy_safetensors_end_to_end(tmp_path):
-    checkpoints = pytest.importorskip('fusion_nb.checkpoints')
+    import fusion_nb.checkpoints as checkpoints   # the project's own module: a broken import must fail, not skip
     from safetensors.torch import save_file
     pre, ex = make_pool(3, seed=18)
     save_file({k: v.contiguous() for k, v in pre.items()}, str(tmp_path / 'pre.safetensors'))

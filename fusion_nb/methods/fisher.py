@@ -20,7 +20,7 @@ from .registry import (Hyper, MergeMethod, declare, MERGE_METHODS, MergedStateDi
                                expert_weights, merge_streaming, read_tensor, tensor_dtype, tensor_generator)
 
 # %% auto #0
-__all__ = ['FISHER_KINDS', 'fisher_merging', 'fisher_information', 'fisher_norm', 'FisherSum', 'fisher_merge']
+__all__ = ['FISHER_KINDS', 'fisher_merging', 'fisher_information', 'fisher_norm', 'FisherSum', 'fisher_merge', 'data_merge_setup']
 
 # %% ../../nbs/methods/31_fisher.ipynb #60e2e3ec
 FISHER_KINDS = ('empirical', 'sampled', 'fusionbench')
@@ -154,6 +154,16 @@ def _check_data(method:str, data, names:Sequence[str])->None:
     if missing: raise HyperparameterError(f"{method}: experts are keyed by task, but the data has no task {missing} "
                                           f"(tasks: {', '.join(data.heads.tasks)})")
 
+def data_merge_setup(method:str, pretrained, experts:dict, data, check:bool, device)->tuple:
+    "What Fisher merging and RegMean start from: the data checked, the compute device, the encoder and its parameter → key map and dtypes."
+    names = list(experts)
+    _check_data(method, data, names)
+    if check: check_models(pretrained, experts)
+    ref = pretrained if pretrained is not None else experts[names[0]]
+    dev = torch.device(device) if device is not None else data.device
+    enc = data.encoder
+    return names, dev, enc, _param_keys(enc, ref), {n: p.dtype for n, p in enc.named_parameters()}
+
 # %% ../../nbs/methods/31_fisher.ipynb #ca0a1c21
 def _fisher_merging(pretrained:Mapping|None, # θ₀: only its key layout and integer buffers are used (may be None)
                    experts:dict[str, Mapping], # task name → fine-tuned CLIP vision state dict
@@ -172,23 +182,11 @@ def _fisher_merging(pretrained:Mapping|None, # θ₀: only its key layout and in
                    device=None, # where statistics and sums are computed (default: the data's device)
                   )->MergedStateDict:
     "Fisher merging: elementwise Fisher-weighted average of the experts, each Fisher computed on its own task."
-    experts = check_pool(experts, 'fisher_merging')
-    names = list(experts)
-    check_range('num_fisher_examples', num_fisher_examples, 1); check_range('batch_size', batch_size, 1)
-    check_range('minimal_fisher_weight', minimal_fisher_weight, 0); check_range('chunk_size', chunk_size, 1)
-    check_choice('fisher', fisher, FISHER_KINDS)
+    names, dev, enc, key_of, pdtype = data_merge_setup('fisher_merging', pretrained, experts, data, check, device)
     lam = expert_weights(fisher_weights, names, 1.0, 'fisher_weights')
     for n, w in lam.items(): check_range(f'fisher_weights[{n!r}]', w, 0, low_inclusive=False)
     try: excl = [re.compile(r) for r in exclude_param_names_regex]
     except re.error as e: raise HyperparameterError(f"exclude_param_names_regex: bad pattern ({e})") from None
-    _check_data('fisher_merging', data, names)
-    if pretrained is not None: pretrained = as_state_dict(pretrained, 'pretrained')
-    if check: check_models(pretrained, experts)
-    ref = pretrained if pretrained is not None else experts[names[0]]
-    enc = data.encoder
-    dev = torch.device(device) if device is not None else data.device
-    key_of = _param_keys(enc, ref)
-    pdtype = {n: p.dtype for n, p in enc.named_parameters()}
     fisher_params = [n for n in key_of if not any(r.search(n) or r.search(key_of[n]) for r in excl)]
     acc = FisherSum(normalize_fisher_weight, minimal_fisher_weight)
     for t in tqdm(names, desc='Fisher information', disable=not progress):

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from ..core import FusionError, HyperparameterError, IncompatibleModelsError, NonFiniteError, check_range
 from .registry import Hyper, MergeMethod, declare, MERGE_METHODS, MergedStateDict, as_state_dict, check_models, check_pool, merge_streaming, read_tensor
-from .fisher import _check_data, _param_keys
+from .fisher import data_merge_setup
 
 # %% auto #0
 __all__ = ['regmean', 'regmean_grams', 'reduce_non_diagonal', 'RegMeanSum', 'regmean_merge']
@@ -115,18 +115,7 @@ def _regmean(pretrained:Mapping|None, # θ₀: only its key layout and integer b
             device=None, # where statistics are computed (default: the data's device)
            )->MergedStateDict:
     "RegMean: per linear layer W = ((Σ G̃ᵢ)⁻¹ Σ G̃ᵢ Wᵢᵀ)ᵀ from each expert's input Gram matrices on its task; other tensors averaged."
-    experts = check_pool(experts, 'regmean')
-    names = list(experts)
-    check_range('num_regmean_examples', num_regmean_examples, 1); check_range('batch_size', batch_size, 1)
-    check_range('reduce_non_diagonal_ratio', reduce_non_diagonal_ratio, 0, 1)
-    _check_data('regmean', data, names)
-    if pretrained is not None: pretrained = as_state_dict(pretrained, 'pretrained')
-    if check: check_models(pretrained, experts)
-    ref = pretrained if pretrained is not None else experts[names[0]]
-    enc = data.encoder
-    dev = torch.device(device) if device is not None else data.device
-    key_of = _param_keys(enc, ref)
-    pdtype = {n: p.dtype for n, p in enc.named_parameters()}
+    names, dev, enc, key_of, pdtype = data_merge_setup('regmean', pretrained, experts, data, check, device)
     linears = [n for n, m in enc.named_modules() if isinstance(m, nn.Linear) and f'{n}.weight' in key_of]
     weight_key = {key_of[f'{n}.weight']: n for n in linears}
     acc = RegMeanSum(reduce_non_diagonal_ratio)

@@ -227,36 +227,26 @@ def _build_in_child(log, **kwargs)->Path:
     return benchmark_dir(kwargs['scale'], kwargs['root'])
 
 # %% ../../nbs/tiny/15_build.ipynb #6bce6556
-@torch.no_grad()
 def zoo_accuracy(scale:str='tiny', root:str|Path|None=None,
                  tasks:Sequence[str]=tuple(EIGHT_TASKS), # the tasks whose experts are merged and evaluated
                  scaling:float=0.3, # task arithmetic's λ
                  batch_size:int=500, progress:bool=True)->pd.DataFrame:
     "Test accuracy (%) of zero-shot, fine-tuned, simple averaging and task arithmetic on each task of a built zoo."
-    from datasets import load_from_disk
-    from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, CLIPVisionModel
-    from fusion_nb.checkpoints import vision_state_dict
-    from fusion_nb.tiny.finetune import pixel_values
-    from fusion_nb.evaluation import zeroshot_head
+    from fusion_nb.pools import ModelPool, Task, TaskPool, PRETRAINED
+    from fusion_nb.evaluation import evaluate
+    from fusion_nb.merge import merge
     base = benchmark_dir(scale, root); models = base/'models'
-    clip = CLIPModel.from_pretrained(models/'clip-vit-tiny').eval()
-    tok, proc = AutoTokenizer.from_pretrained(models/'clip-vit-tiny'), AutoImageProcessor.from_pretrained(models/'clip-vit-tiny')
-    pre = {k: v.clone() for k, v in clip.vision_model.state_dict().items()}
-    experts = {t: dict(vision_state_dict(models/f'clip-vit-tiny_{t}').items()) for t in tasks}
-    float_keys = [k for k in pre if pre[k].is_floating_point()]
-    avg = {**pre, **{k: torch.stack([e[k] for e in experts.values()]).mean(0) for k in float_keys}}
-    ta = {**pre, **{k: pre[k] + scaling * sum(e[k] - pre[k] for e in experts.values()) for k in float_keys}}
-    enc = CLIPVisionModel(clip.config.vision_config).eval()
-    rows = {}
-    for t in tqdm(tasks, desc='zoo accuracy', disable=not progress):
-        test = load_from_disk(str(base/'datasets'/t))['test']
-        head = zeroshot_head(clip, tok, test.features['label'].names, templates_for(t))
-        x, y = pixel_values(proc, test['image']), torch.tensor(test['label'])
-        for method, sd in [('zero-shot', pre), ('fine-tuned', experts[t]), ('simple average', avg), (f'task arithmetic (λ={scaling})', ta)]:
-            enc.load_state_dict(sd)
-            pred = torch.cat([(clip.visual_projection(enc(pixel_values=x[i:i + batch_size]).pooler_output) @ head.T).argmax(-1)
-                              for i in range(0, len(y), batch_size)])
-            rows.setdefault(method, {})[t] = 100 * float((pred == y).float().mean())
-    df = pd.DataFrame(rows).T[list(tasks)]
+    mp = ModelPool(models/'clip-vit-tiny', {t: models/f'clip-vit-tiny_{t}' for t in tasks}, device='cpu')
+    tp = TaskPool([Task(t, base/'datasets'/t) for t in tasks])   # the datasets' class names, the catalog's templates
+    pre, experts = mp.vision_state(PRETRAINED), {t: mp.vision_state(t) for t in tasks}
+    ta = f'task arithmetic (λ={scaling})'
+    rows = {'zero-shot': PRETRAINED, **{f'fine-tuned:{t}': t for t in tasks}, 'simple average': merge('simple_average', pre, experts, progress=False),
+            ta: merge('task_arithmetic', pre, experts, scaling_factor=scaling, progress=False)}
+    rec = evaluate(rows, mp, tp, tasks={r: [r.split(':')[1]] if r.startswith('fine-tuned:') else list(tasks) for r in rows},
+                   batch_size=batch_size, progress=progress)
+    rec = rec[rec['metric'] == 'accuracy'].assign(row=lambda d: d['model'].str.split(':').str[0])
+    df = (rec.pivot_table(index='row', columns='task', values='value') * 100).reindex(index=['zero-shot', 'fine-tuned', 'simple average', ta], columns=list(tasks))
     df['avg'] = df.mean(axis=1)
+    df.index.name, df.columns.name = None, None
     return df.round(1)
+
