@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Soups evaluated per second, against a bare forward pass over the same images (issue 13, paper 002 §4).
+
+One run, one thread (`torch.set_num_threads(1)`), a small CIFAR-sized ConvNet with BatchNorm and four
+ingredients (random perturbations of one init: the soup arithmetic does not care how they were trained),
+`--images` random images in [0, 1]. Measured, each the best of `--repeat` runs:
+
+- bare:     one forward pass of one fixed model over all images (in batches of `--batch`): the floor;
+- in-place: `SoupKitchen.set(w)` (one matrix-vector product into the model's parameters) then the same
+            forward pass, for every soup of the paper's four-model grid (affine weights in [-0.4, 1.4],
+            step 0.2: 480 soups; `--soups` takes the first N);
+- naive:    the merge-method path, per soup: `weighted_average` builds a new state dict, a fresh model is
+            built and `load_state_dict`-ed, then the same forward pass (`--naive-soups` of them);
+- set only: `SoupKitchen.set(w)` alone;
+- build only: the naive path without the forward pass (`weighted_average` + new model + `load_state_dict`).
+
+Printed as ratios (absolute times depend on the machine and its load): a soup's cost in bare forward
+passes (ideal: 1.0), and in-place's speed-up over naive. Goal: in-place costs at most 1.2 forward passes.
+With many images per soup the forward pass dominates both paths; `--images 8` shows the regime where
+building the soup is what costs.
+
+    python bench/soup_throughput.py                  # 480 soups, 256 images
+    python bench/soup_throughput.py --soups 48 --images 64 --repeat 1   # a quick smoke run
+"""
+import argparse, time
+
+import torch
+from torch import nn
+
+from fusion_nb.methods.soups import affine_grid, weighted_average
+from fusion_nb.robust.soups import SoupKitchen
+
+def convnet(width:int=32, classes:int=10)->nn.Module:
+    "A small CIFAR-10-sized ConvNet (three conv-BN-ReLU stages, global pooling, linear head)."
+    def stage(i, o): return [nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2)]
+    return nn.Sequential(*stage(3, width), *stage(width, 2 * width), *stage(2 * width, 4 * width),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * width, classes))
+
+def best_time(fn, repeat):
+    "Best wall time of `repeat` calls of `fn`."
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter(); fn(); out.append(time.perf_counter() - t)
+    return min(out)
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--images', type=int, default=256); p.add_argument('--batch', type=int, default=256)
+    p.add_argument('--soups', type=int, default=480); p.add_argument('--naive-soups', type=int, default=24)
+    p.add_argument('--width', type=int, default=32); p.add_argument('--repeat', type=int, default=3)
+    a = p.parse_args(argv)
+    torch.set_num_threads(1); torch.manual_seed(0)
+    base = convnet(a.width).eval()
+    ings = {f'ing{i}': {k: (v + 0.01 * torch.randn_like(v)) if v.is_floating_point() else v.clone() for k, v in base.state_dict().items()} for i in range(4)}
+    grid = affine_grid(4)[:a.soups]
+    x = torch.rand(a.images, 3, 32, 32)
+    kitchen = SoupKitchen(base, ings)
+
+    @torch.no_grad()
+    def forward(m):
+        for i in range(0, len(x), a.batch): m(x[i:i + a.batch])
+    def inplace():
+        for w in grid: forward(kitchen.set(w))
+    def naive():
+        for w in grid[:a.naive_soups]:
+            m = convnet(a.width); m.load_state_dict(weighted_average(None, ings, weights=w, progress=False)); forward(m.eval())
+    def set_only():
+        for w in grid: kitchen.set(w)
+    def build_only():
+        for w in grid[:a.naive_soups]:
+            m = convnet(a.width); m.load_state_dict(weighted_average(None, ings, weights=w, progress=False))
+
+    fixed = kitchen.set(grid[0])
+    forward(fixed)  # warm-up
+    t_bare = best_time(lambda: forward(fixed), a.repeat)
+    t_in = best_time(inplace, a.repeat) / len(grid)
+    t_naive = best_time(naive, a.repeat) / min(a.naive_soups, len(grid))
+    t_set = best_time(set_only, a.repeat) / len(grid)
+    t_build = best_time(build_only, a.repeat) / min(a.naive_soups, len(grid))
+    n_par = kitchen.table.shape[1]
+    print(f"model: ConvNet width {a.width}, {n_par:,} parameters; {a.images} images of 3x32x32; {len(grid)} soups of 4 ingredients; 1 thread")
+    print(f"bare forward pass over the images : {1 / t_bare:8.2f} passes/s   (1.00 pass)")
+    print(f"in-place soups (set + forward)    : {1 / t_in:8.2f} soups/s    ({t_in / t_bare:.3f} passes per soup)")
+    print(f"naive soups (build + load + fwd)  : {1 / t_naive:8.2f} soups/s    ({t_naive / t_bare:.3f} passes per soup)")
+    print(f"set only (one mv into the params) : {1 / t_set:8.0f} soups/s    ({t_set / t_bare:.4f} passes per soup)")
+    print(f"build only (naive soup, no fwd)   : {1 / t_build:8.0f} soups/s    ({t_build / t_bare:.4f} passes per soup)")
+    print(f"in-place speed-up over naive      : {t_naive / t_in:.2f}x (soup assembly alone: {t_build / t_set:.1f}x)")
+    return dict(bare=t_bare, inplace=t_in, naive=t_naive, set=t_set, build=t_build)
+
+if __name__ == '__main__': main()
