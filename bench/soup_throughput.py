@@ -49,7 +49,11 @@ def main(argv=None):
     p.add_argument('--soups', type=int, default=480); p.add_argument('--naive-soups', type=int, default=24)
     p.add_argument('--width', type=int, default=32); p.add_argument('--repeat', type=int, default=3)
     a = p.parse_args(argv)
-    torch.set_num_threads(1); torch.manual_seed(0)
+    threads = torch.get_num_threads(); torch.set_num_threads(1); torch.manual_seed(0)
+    try: return _run(a)
+    finally: torch.set_num_threads(threads)  # leave a caller's (e.g. pytest's) thread count as it was
+
+def _run(a):
     base = convnet(a.width).eval()
     ings = {f'ing{i}': {k: (v + 0.01 * torch.randn_like(v)) if v.is_floating_point() else v.clone() for k, v in base.state_dict().items()} for i in range(4)}
     grid = affine_grid(4)[:a.soups]
