@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Soups evaluated per second, against a bare forward pass over the same images (issue 13, paper 002 §4).
 
-One run, one thread (`torch.set_num_threads(1)`), a small CIFAR-sized ConvNet with BatchNorm and four
+One run, one thread (`torch.set_num_threads(1)`), the small CIFAR-sized ConvNet of `fusion_nb.robust.models` and four
 ingredients (random perturbations of one init: the soup arithmetic does not care how they were trained),
 `--images` random images in [0, 1]. Measured, each the best of `--repeat` runs:
 
@@ -28,13 +28,8 @@ import torch
 from torch import nn
 
 from fusion_nb.methods.soups import affine_grid, weighted_average
+from fusion_nb.robust.models import convnet
 from fusion_nb.robust.soups import SoupKitchen
-
-def convnet(width:int=32, classes:int=10)->nn.Module:
-    "A small CIFAR-10-sized ConvNet (three conv-BN-ReLU stages, global pooling, linear head)."
-    def stage(i, o): return [nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2)]
-    return nn.Sequential(*stage(3, width), *stage(width, 2 * width), *stage(2 * width, 4 * width),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * width, classes))
 
 def best_time(fn, repeat):
     "Best wall time of `repeat` calls of `fn`."
