@@ -3,7 +3,7 @@
 
 One run, one thread (`torch.set_num_threads(1)`), the small CIFAR-sized ConvNet of `fusion_nb.robust.models` and four
 ingredients (random perturbations of one init: the soup arithmetic does not care how they were trained),
-`--images` random images in [0, 1]. Measured, each the best of `--repeat` runs:
+`--images` random images in [0, 1]. Measured per soup, interleaved with a bare pass (medians of the ratios):
 
 - bare:     one forward pass of one fixed model over all images (in batches of `--batch`): the floor;
 - in-place: `SoupKitchen.set(w)` (one matrix-vector product into the model's parameters) then the same
@@ -15,14 +15,14 @@ ingredients (random perturbations of one init: the soup arithmetic does not care
 - build only: the naive path without the forward pass (`weighted_average` + new model + `load_state_dict`).
 
 Printed as ratios (absolute times depend on the machine and its load): a soup's cost in bare forward
-passes (ideal: 1.0), and in-place's speed-up over naive. Goal: in-place costs at most 1.2 forward passes.
+passes taken at the same moment (ideal: 1.0), and in-place's speed-up over naive. Goal: in-place costs at most 1.2 forward passes.
 With many images per soup the forward pass dominates both paths; `--images 8` shows the regime where
 building the soup is what costs.
 
-    python bench/soup_throughput.py                  # 480 soups, 256 images
-    python bench/soup_throughput.py --soups 48 --images 64 --repeat 1   # a quick smoke run
+    python bench/soup_throughput.py                  # 480 soups, 256 images, 1 repeat
+    python bench/soup_throughput.py --soups 48 --images 8 --batch 8   # a quick run in the soup-bound regime
 """
-import argparse, time
+import argparse, statistics, time
 
 import torch
 from torch import nn
@@ -42,7 +42,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--images', type=int, default=256); p.add_argument('--batch', type=int, default=256)
     p.add_argument('--soups', type=int, default=480); p.add_argument('--naive-soups', type=int, default=24)
-    p.add_argument('--width', type=int, default=32); p.add_argument('--repeat', type=int, default=3)
+    p.add_argument('--width', type=int, default=32); p.add_argument('--repeat', type=int, default=1)
     a = p.parse_args(argv)
     threads = torch.get_num_threads(); torch.set_num_threads(1); torch.manual_seed(0)
     try: return _run(a)
@@ -58,32 +58,33 @@ def _run(a):
     @torch.no_grad()
     def forward(m):
         for i in range(0, len(x), a.batch): m(x[i:i + a.batch])
-    def inplace():
-        for w in grid: forward(kitchen.set(w))
-    def naive():
-        for w in grid[:a.naive_soups]:
-            m = convnet(a.width); m.load_state_dict(weighted_average(None, ings, weights=w, progress=False)); forward(m.eval())
-    def set_only():
-        for w in grid: kitchen.set(w)
-    def build_only():
-        for w in grid[:a.naive_soups]:
-            m = convnet(a.width); m.load_state_dict(weighted_average(None, ings, weights=w, progress=False))
+    def timed(fn):
+        t = time.perf_counter(); fn(); return time.perf_counter() - t
+    def naive_soup(w):
+        m = convnet(a.width); m.load_state_dict(weighted_average(None, ings, weights=w, progress=False)); return m.eval()
 
-    fixed = kitchen.set(grid[0])
-    forward(fixed)  # warm-up
-    t_bare = best_time(lambda: forward(fixed), a.repeat)
-    t_in = best_time(inplace, a.repeat) / len(grid)
-    t_naive = best_time(naive, a.repeat) / min(a.naive_soups, len(grid))
-    t_set = best_time(set_only, a.repeat) / len(grid)
-    t_build = best_time(build_only, a.repeat) / min(a.naive_soups, len(grid))
+    fixed = convnet(a.width); fixed.load_state_dict(base.state_dict()); fixed.eval()
+    forward(fixed); forward(kitchen.set(grid[0]))  # warm-up
+    # interleaved: each soup's timing sits next to a bare pass taken at the same moment, so a shared
+    # machine's changing load moves both alike; the ratios are medians over soups
+    rows = []
+    for r in range(a.repeat):
+        for j, w in enumerate(grid):
+            row = dict(bare=timed(lambda: forward(fixed)), inplace=timed(lambda: forward(kitchen.set(w))),
+                       set=timed(lambda: kitchen.set(w)))
+            if j < a.naive_soups: row.update(naive=timed(lambda: forward(naive_soup(w))), build=timed(lambda: naive_soup(w)))
+            rows.append(row)
+    med = lambda k: statistics.median(r[k] / r['bare'] for r in rows if k in r)
+    t_bare = statistics.median(r['bare'] for r in rows)
     n_par = kitchen.table.shape[1]
-    print(f"model: ConvNet width {a.width}, {n_par:,} parameters; {a.images} images of 3x32x32; {len(grid)} soups of 4 ingredients; 1 thread")
-    print(f"bare forward pass over the images : {1 / t_bare:8.2f} passes/s   (1.00 pass)")
-    print(f"in-place soups (set + forward)    : {1 / t_in:8.2f} soups/s    ({t_in / t_bare:.3f} passes per soup)")
-    print(f"naive soups (build + load + fwd)  : {1 / t_naive:8.2f} soups/s    ({t_naive / t_bare:.3f} passes per soup)")
-    print(f"set only (one mv into the params) : {1 / t_set:8.0f} soups/s    ({t_set / t_bare:.4f} passes per soup)")
-    print(f"build only (naive soup, no fwd)   : {1 / t_build:8.0f} soups/s    ({t_build / t_bare:.4f} passes per soup)")
-    print(f"in-place speed-up over naive      : {t_naive / t_in:.2f}x (soup assembly alone: {t_build / t_set:.1f}x)")
-    return dict(bare=t_bare, inplace=t_in, naive=t_naive, set=t_set, build=t_build)
+    print(f"model: ConvNet width {a.width}, {n_par:,} parameters; {a.images} images of 3x32x32; {len(grid)} soups of 4 ingredients "
+          f"({min(a.naive_soups, len(grid))} naive); {a.repeat} repeat(s); 1 thread")
+    print(f"bare forward pass over the images : {1 / t_bare:8.2f} passes/s (median; absolute times depend on the machine's load)")
+    print(f"in-place soup (set + forward)     : {med('inplace'):.3f} bare passes per soup")
+    print(f"naive soup (build + load + fwd)   : {med('naive'):.3f} bare passes per soup")
+    print(f"set only (one mv into the params) : {med('set'):.4f} bare passes per soup")
+    print(f"build only (naive soup, no fwd)   : {med('build'):.4f} bare passes per soup")
+    print(f"in-place speed-up over naive      : {med('naive') / med('inplace'):.2f}x (soup assembly alone: {med('build') / med('set'):.1f}x)")
+    return dict(bare=t_bare, inplace=med('inplace'), naive=med('naive'), set=med('set'), build=med('build'))
 
 if __name__ == '__main__': main()
