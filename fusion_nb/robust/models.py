@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..core import HyperparameterError, UnknownNameError, atomic_dir, check_range, seed_everything
+from ..core import FusionError, HyperparameterError, UnknownNameError, atomic_dir, check_range, seed_everything
 from .attacks import apgd, budget, check_norm
 
 # %% auto #0
@@ -145,7 +145,9 @@ def build_robust_models(out_dir:str|Path, # folder to write (replaced whole, ato
 
 def load_robust_models(folder:str|Path)->dict[str, nn.Module]:
     "The models `build_robust_models` saved in `folder`, by name, in eval mode."
-    folder = Path(folder); man = json.loads((folder/'manifest.json').read_text())
+    folder = Path(folder)
+    if not (folder/'manifest.json').exists(): raise FusionError(f"{folder} has no manifest.json: build it with build_robust_models")
+    man = json.loads((folder/'manifest.json').read_text())
     width = int(man['architecture'].split('=')[1].rstrip(')'))
     out = {}
     for n, info in man['models'].items():
