@@ -20,7 +20,7 @@ from .registry import (Hyper, MergeMethod, as_state_dict, check_models, check_po
 
 # %% auto #0
 __all__ = ['TIES_HYPERS', 'ties_merging', 'ties', 'trim_count', 'elect_sign', 'disjoint_merge', 'elect_and_merge',
-           'streaming_kth_largest', 'TiesThresholds', 'ties_thresholds']
+           'streaming_kth_largest', 'TiesThresholds', 'ties_thresholds', 'naive_ties_vector']
 
 # %% ../../nbs/methods/23_ties.ipynb #d225f66f
 def trim_count(k:float, # percentage of entries to keep, in (0, 100]
@@ -188,6 +188,20 @@ ties_merging = declare(MergeMethod(
     hypers=TIES_HYPERS, rule=_ties_rule,
     papers={'000': dict(k=20, scaling_factor=0.3, trim_scope='model', disjoint='sum'), '001': dict(k=20, scaling_factor=0.3, trim_scope='model', disjoint='sum'),
             '004': {}}))
+
+
+# %% ../../nbs/methods/23_ties.ipynb #4a136833
+def naive_ties_vector(taus:Tensor, # (experts, d) task vectors, each flattened over the whole model
+                      k:float, # percent kept
+                      disjoint:str='mean', # 'mean' or 'sum'
+                      thresholds:Tensor|None=None, # (experts, d) per-entry thresholds (default: each row's top-k% by `topk`)
+                     )->Tensor:
+    "The merged task vector by the textbook steps on dense flat vectors (`topk`, `sign`): the naive reference the tests compare with."
+    if thresholds is None: thresholds = taus.abs().topk(math.ceil(k * taus.shape[1] / 100), dim=1).values[:, -1:]
+    tr = taus * (taus.abs() >= thresholds)
+    s = tr.sum(0).sign(); s[s == 0] = 1
+    sel = tr * (tr.sign() == s)
+    return sel.sum(0) / ((sel != 0).sum(0).clamp(min=1) if disjoint == 'mean' else 1)
 
 
 # %% ../../nbs/methods/23_ties.ipynb #96828914
