@@ -116,12 +116,23 @@ def random_models(cfg, device, n=len(TASKS)):
     experts = {t: {k: (v + 0.01 * torch.randn_like(v)) if v.is_floating_point() else v for k, v in base.items()} for t in TASKS[:n]}
     return base, experts
 
-def stacked(base, experts):
+class PerTaskMerge(StackedTaskVectors):
+    "The former merge: one multiply and one add per task and key (kept here to measure 'before')."
+    def merge(self, coefficients, mask=None):
+        c = coefficients if coefficients.ndim == 2 else coefficients[:, None].expand(len(self.tasks), len(self.keys))
+        out = {}
+        for j, k in enumerate(self.keys):
+            delta = sum(c[i, j] * self.tv[t][k] for i, t in enumerate(self.tasks))
+            out[k] = self.pre[k] + (delta if mask is None else mask[k] * delta)
+        return out
+
+def stacked(base, experts, version='after'):
     "StackedTaskVectors without its constructor's value checks (which read values: impossible on meta)."
-    st = StackedTaskVectors.__new__(StackedTaskVectors)
+    st = (PerTaskMerge if version == 'before' else StackedTaskVectors).__new__(PerTaskMerge if version == 'before' else StackedTaskVectors)
     st.tasks, st.keys = list(experts), [k for k, v in base.items() if v.is_floating_point()]
     st.pre = {k: base[k] for k in st.keys}
-    st.tv = {t: {k: e[k] - base[k] for k in st.keys} for t, e in experts.items()}
+    st.stack = {k: torch.stack([e[k] for e in experts.values()]) - base[k] for k in st.keys}
+    st.tv = {t: {k: st.stack[k][i] for k in st.keys} for i, t in enumerate(st.tasks)}
     return st
 
 class EveryExpertMLP(WeightEnsemblingMLP):
@@ -163,9 +174,9 @@ def step(method, version, cfg, device):
             if version == 'before': sum(entropy_loss(data.logits(t, x, encoder=model)) for t, x in batches.items()).backward()
             else: we_moe_backward(model, data, batches)
         return resident + extra, saved.peak, (1 if version == 'after' else None)   # after: one task per forward
-    st = stacked(base, experts)
+    st = stacked(base, experts, version)
     del base, experts
-    keep += [*st.pre.values(), *(v for tv in st.tv.values() for v in tv.values())]
+    keep += [*st.pre.values(), *st.stack.values()]
     model_bytes = sum(v.numel() * v.element_size() for v in st.pre.values())
     layer_wise = method in ('layer-wise AdaMerging', 'Concrete layer-wise AdaMerging')
     coef = nn.Parameter(torch.full((len(TASKS), len(st.keys)) if layer_wise else (len(TASKS),), 0.3, device=device))

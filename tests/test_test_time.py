@@ -167,7 +167,8 @@ def test_test_time_step_on_meta_never_touches_the_host():
     st = StackedTaskVectors.__new__(StackedTaskVectors)   # built by hand: the constructor's finiteness check reads values
     st.tasks, st.keys = list(experts), [k for k, v in sd.items() if v.is_floating_point()]
     st.pre = {k: sd[k] for k in st.keys}
-    st.tv = {t: {k: e[k] - sd[k] for k in st.keys} for t, e in experts.items()}
+    st.stack = {k: torch.stack([e[k] - sd[k] for e in experts.values()]) for k in st.keys}
+    st.tv = {t: {k: st.stack[k][i] for k in st.keys} for i, t in enumerate(st.tasks)}
     coef = nn.Parameter(torch.full((2, len(st.keys)), 0.3, device='meta'))
     batches = {t: torch.zeros(2, 3, 8, 8, device='meta') for t in 'ab'}
     with DeviceLog() as log: adamerging_backward(st, coef, Data(), batches, tasks_per_forward=1)

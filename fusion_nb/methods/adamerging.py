@@ -43,7 +43,9 @@ class StackedTaskVectors:
         self.buffers = {k: pretrained[k].clone() for k in pretrained.keys() if not pretrained[k].is_floating_point()}
         self.dtypes = {k: pretrained[k].dtype for k in self.keys}
         self.pre = {k: read_tensor(pretrained, k, 'pretrained', device=device) for k in self.keys}
-        self.tv = {t: {k: read_tensor(sd, k, t, device=device) - self.pre[k] for k in self.keys} for t, sd in experts.items()}
+        # per key, the task vectors stacked (tasks, *shape): merging is one contraction per key, not one op per task
+        self.stack = {k: torch.stack([read_tensor(sd, k, t, device=device) for t, sd in experts.items()]).sub_(self.pre[k]) for k in self.keys}
+        self.tv = {t: {k: self.stack[k][i] for k in self.keys} for i, t in enumerate(self.tasks)}   # views, no copy
 
     def merge(self, coefficients:Tensor, # (tasks,) task-wise or (tasks, keys) layer-wise
               mask:Mapping[str, Tensor]|None=None, # optional elementwise mask on every task vector, per key
@@ -51,8 +53,8 @@ class StackedTaskVectors:
         "θ₀ + Σₖ λₖ (m ⊙) τₖ for every floating-point tensor (differentiable in the coefficients and the mask)."
         c = coefficients if coefficients.ndim == 2 else coefficients[:, None].expand(len(self.tasks), len(self.keys))
         out = {}
-        for j, k in enumerate(self.keys):
-            delta = sum(c[i, j] * self.tv[t][k] for i, t in enumerate(self.tasks))
+        for k, ck in zip(self.keys, c.unbind(1)):
+            delta = torch.tensordot(ck, self.stack[k], dims=1)   # Σₖ λₖ τₖ
             out[k] = self.pre[k] + (delta if mask is None else mask[k] * delta)
         return out
 
