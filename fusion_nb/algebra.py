@@ -19,7 +19,7 @@ from .core import IncompatibleModelsError, NonFiniteError
 
 # %% auto #0
 __all__ = ['assert_finite', 'is_mergeable', 'tensor_meta', 'check_finite', 'check_compatible', 'LazyMap', 'materialize',
-           'TaskVector', 'dot', 'norm', 'cosine', 'gram_matrix', 'cosine_matrix']
+           'TaskVector', 'dot', 'norm', 'cosine_terms', 'cosine', 'gram_tensor', 'gram_matrix', 'cosine_matrix']
 
 # %% ../nbs/01_algebra.ipynb #b2f4c2ce
 def is_mergeable(t:Tensor|torch.dtype)->bool:
@@ -256,44 +256,68 @@ def norm(a:Mapping, progress:bool=False)->float:
         if is_mergeable(x): total += float(torch.sum(x.detach().double() ** 2))
     return math.sqrt(total)
 
-def cosine(a:Mapping, b:Mapping, eps:float=1e-12, progress:bool=False)->float:
-    "Cosine similarity ⟨a, b⟩ / (‖a‖‖b‖) in one pass; 0 when either is the zero vector."
+def cosine_terms(a:Mapping, b:Mapping, progress:bool=False)->Tensor:
+    "(⟨a, b⟩, ‖a‖², ‖b‖²) as one float64 tensor on the operands' device (no host sync per key)."
     _check_operands(a, b, 'cosine')
-    ab = aa = bb = 0.0
+    terms = None
     for k in tqdm(list(a.keys()), desc='cosine', disable=not progress, leave=False):
         p = _pair(a, b, k, 'cosine')
         if p is None: continue
-        x, y = p
-        ab += float(torch.sum(x * y)); aa += float(torch.sum(x * x)); bb += float(torch.sum(y * y))
+        x, y = p[0], p[1].to(p[0].device)
+        t = torch.stack([torch.sum(x * y), torch.sum(x * x), torch.sum(y * y)])
+        terms = t if terms is None else terms + t
+    return torch.zeros(3, dtype=torch.float64) if terms is None else terms
+
+def cosine(a:Mapping, b:Mapping, eps:float=1e-12, progress:bool=False)->float:
+    "Cosine similarity ⟨a, b⟩ / (‖a‖‖b‖) in one pass; 0 when either is the zero vector; NonFiniteError for NaN/Inf."
+    ab, aa, bb = cosine_terms(a, b, progress).tolist()
+    for sq, m, side in ((aa, a, 'left operand'), (bb, b, 'right operand')):
+        if not math.isfinite(sq): raise NonFiniteError(f"cosine: {_name(m, side)!r} has NaN or Inf values (its squared norm is {sq})")
     denom = math.sqrt(aa) * math.sqrt(bb)
     return ab / denom if denom > eps else 0.0
 
-def gram_matrix(vectors:Mapping[str, Mapping], # name → task vector (or any state dict)
+def gram_tensor(vectors:Mapping[str, Mapping], # name → task vector (or any state dict)
                 progress:bool=False, # show a progress bar over the keys
-               )->pd.DataFrame:
-    "All inner products ⟨vᵢ, vⱼ⟩ (float64) in one pass over the keys, as a names × names frame."
+               )->Tensor:
+    "All inner products ⟨vᵢ, vⱼ⟩ (float64) in one pass over the keys, accumulated on the first tensor's device."
     names = list(vectors)
     if not names: raise IncompatibleModelsError("gram_matrix: no vectors")
     first = vectors[names[0]]
     for n in names[1:]: _check_operands(first, vectors[n], 'gram_matrix')
-    g = torch.zeros(len(names), len(names), dtype=torch.float64)
+    g = None
     for k in tqdm(list(first.keys()), desc='gram', disable=not progress, leave=False):
         xs = [vectors[n][k] for n in names]
         if not is_mergeable(xs[0]): continue
         for n, x in zip(names, xs):
             if x.shape != xs[0].shape:
                 raise IncompatibleModelsError(f"gram_matrix: tensor {k!r} has shape {list(x.shape)} in {n!r} but {list(xs[0].shape)} in {names[0]!r}")
-        m = torch.stack([x.detach().reshape(-1).double() for x in xs])
-        g += m @ m.T
+        m = torch.stack([x.detach().reshape(-1).to(xs[0].device, torch.float64) for x in xs])
+        g = m @ m.T if g is None else g + m @ m.T   # the accumulator lives where the tensors do
         del xs, m
-    return pd.DataFrame(g.numpy(), index=names, columns=names)
+    return torch.zeros(len(names), len(names), dtype=torch.float64) if g is None else g
+
+def _check_gram_finite(g:pd.DataFrame, what:str)->None:
+    "A NaN or Inf entry in a task vector makes its squared norm (the diagonal) NaN or Inf: name the culprits."
+    bad = [n for n, d in zip(g.index, g.values.diagonal()) if not math.isfinite(d)]
+    if bad: raise NonFiniteError(f"{what}: {', '.join(map(repr, bad))} {'has' if len(bad) == 1 else 'have'} NaN or Inf values")
+
+def gram_matrix(vectors:Mapping[str, Mapping], # name → task vector (or any state dict)
+                progress:bool=False, # show a progress bar over the keys
+               )->pd.DataFrame:
+    "All inner products ⟨vᵢ, vⱼ⟩ (float64) in one pass over the keys, as a names × names frame."
+    names = list(vectors)
+    g = pd.DataFrame(gram_tensor(vectors, progress).cpu().numpy(), index=names, columns=names)
+    _check_gram_finite(g, 'gram_matrix')
+    return g
 
 def cosine_matrix(vectors:Mapping[str, Mapping], # name → task vector
                   eps:float=1e-12, # norms below this count as zero (cosine 0)
                   progress:bool=False, # show a progress bar over the keys
                  )->pd.DataFrame:
     "Pairwise cosine similarities of `vectors` (names × names) in one pass over the keys."
-    g = gram_matrix(vectors, progress=progress)
+    names = list(vectors)
+    g = pd.DataFrame(gram_tensor(vectors, progress).cpu().numpy(), index=names, columns=names)
+    _check_gram_finite(g, 'cosine_matrix')
     n = g.values.diagonal() ** 0.5
     denom = n[:, None] * n[None, :]
     cos = g.values / (denom + (denom <= eps))

@@ -260,3 +260,30 @@ def test_apply_to_an_incompatible_model():
     with pytest.raises(IncompatibleModelsError, match=r"cannot apply 'gtsrb' to 'other': tensor 'enc.0.bias' has shape \[7\] in 'gtsrb' but \[8\] in 'other'"):
         tv.apply_to(other)
     assert small.log == [] and other.log == []       # refused from metadata, before reading any weight
+
+# ---------------------------------------------------------------- non-finite inputs and device flow
+
+@pytest.mark.parametrize('bad', [float('nan'), float('inf')])
+def test_cosines_of_a_non_finite_vector_raise_naming_it(bad):
+    pre, ok, broken = rand_sd(0), rand_sd(1), rand_sd(2)
+    broken['enc.1.weight'][1, 2] = bad
+    tv_ok, tv_bad = TaskVector.from_models(pre, ok, 'fine'), TaskVector.from_models(pre, broken, 'nan_expert')
+    with pytest.raises(NonFiniteError, match="'nan_expert' has NaN or Inf"): cosine(tv_ok, tv_bad)
+    with pytest.raises(NonFiniteError, match="'nan_expert' has NaN or Inf"): cosine(tv_bad, tv_ok)
+    with pytest.raises(NonFiniteError, match="'nan_expert'"): cosine_matrix({'fine': tv_ok, 'nan_expert': tv_bad})
+    with pytest.raises(NonFiniteError, match="'nan_expert'"): gram_matrix({'fine': tv_ok, 'nan_expert': tv_bad})
+    assert cosine(tv_ok, 0 * tv_ok) == 0.0   # the zero vector is still cosine 0, not an error
+
+def test_gram_and_cosine_accumulate_on_the_tensors_device():
+    "On the meta device a CPU accumulator (the CUDA crash of issue 11) would raise; the sums must stay on meta."
+    from fusion_nb.algebra import cosine_terms, gram_tensor
+    vs = {n: {k: v.to('meta') for k, v in rand_sd(s).items()} for n, s in (('a', 0), ('b', 1), ('c', 2))}
+    g = gram_tensor(vs)
+    assert g.device.type == 'meta' and g.shape == (3, 3) and g.dtype == torch.float64
+    assert cosine_terms(vs['a'], vs['b']).device.type == 'meta'
+
+def test_gram_tensor_matches_naive_on_cpu():
+    from fusion_nb.algebra import gram_tensor
+    vs = {n: rand_sd(s) for n, s in (('a', 0), ('b', 1))}
+    f = torch.stack([flat(v) for v in vs.values()])
+    torch.testing.assert_close(gram_tensor(vs), f @ f.T)

@@ -19,10 +19,13 @@ from safetensors.torch import load_file, save as safetensors_bytes
 from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_write, check_range, seed_everything
 from .registry import Hyper, MergeMethod, declare, MERGE_METHODS, MergedStateDict, check_models, check_pool, check_choice, read_tensor
 from .data import MergeData, entropy_loss
+from torch.func import functional_call
+from transformers import CLIPVisionModel
 
 # %% auto #0
-__all__ = ['GRANULARITIES', 'ADAMERGING_HYPERS', 'task_wise_adamerging', 'layer_wise_adamerging', 'StackedTaskVectors',
-           'save_coefficients', 'load_coefficients', 'adamerging_step_loss', 'learn_coefficients', 'adamerging']
+__all__ = ['GRANULARITIES', 'ACTIVATION_BUDGET', 'ADAMERGING_HYPERS', 'task_wise_adamerging', 'layer_wise_adamerging',
+           'StackedTaskVectors', 'save_coefficients', 'load_coefficients', 'adamerging_step_loss', 'batched_logits',
+           'saved_bytes_per_image', 'auto_tasks_per_forward', 'adamerging_backward', 'learn_coefficients', 'adamerging']
 
 # %% ../../nbs/methods/33_adamerging.ipynb #0c82e15c
 class StackedTaskVectors:
@@ -41,7 +44,9 @@ class StackedTaskVectors:
         self.buffers = {k: pretrained[k].clone() for k in pretrained.keys() if not pretrained[k].is_floating_point()}
         self.dtypes = {k: pretrained[k].dtype for k in self.keys}
         self.pre = {k: read_tensor(pretrained, k, 'pretrained', device=device) for k in self.keys}
-        self.tv = {t: {k: read_tensor(sd, k, t, device=device) - self.pre[k] for k in self.keys} for t, sd in experts.items()}
+        # per key, the task vectors stacked (tasks, *shape): merging is one contraction per key, not one op per task
+        self.stack = {k: torch.stack([read_tensor(sd, k, t, device=device) for t, sd in experts.items()]).sub_(self.pre[k]) for k in self.keys}
+        self.tv = {t: {k: self.stack[k][i] for k in self.keys} for i, t in enumerate(self.tasks)}   # views, no copy
 
     def merge(self, coefficients:Tensor, # (tasks,) task-wise or (tasks, keys) layer-wise
               mask:Mapping[str, Tensor]|None=None, # optional elementwise mask on every task vector, per key
@@ -49,8 +54,8 @@ class StackedTaskVectors:
         "θ₀ + Σₖ λₖ (m ⊙) τₖ for every floating-point tensor (differentiable in the coefficients and the mask)."
         c = coefficients if coefficients.ndim == 2 else coefficients[:, None].expand(len(self.tasks), len(self.keys))
         out = {}
-        for j, k in enumerate(self.keys):
-            delta = sum(c[i, j] * self.tv[t][k] for i, t in enumerate(self.tasks))
+        for k, ck in zip(self.keys, c.unbind(1)):
+            delta = torch.tensordot(ck, self.stack[k], dims=1)   # Σₖ λₖ τₖ
             out[k] = self.pre[k] + (delta if mask is None else mask[k] * delta)
         return out
 
@@ -90,18 +95,69 @@ def load_coefficients(path:str|Path, st:StackedTaskVectors|None=None)->tuple[Ten
 # %% ../../nbs/methods/33_adamerging.ipynb #d257cc63
 def adamerging_step_loss(st:StackedTaskVectors, coefficients:Tensor, data:MergeData, batches:Mapping[str, Tensor],
                          mask:Mapping[str, Tensor]|None=None)->Tensor:
-    "Σₜ mean entropy of the merged model's predictions on one unlabelled batch per task."
+    "Σₜ mean entropy of the merged model's predictions on one unlabelled batch per task (one graph: the reference)."
     params = st.merge(coefficients, mask)
     return sum(entropy_loss(data.logits(t, x, params=params)) for t, x in batches.items())
 
+def batched_logits(data:MergeData, params:Mapping[str, Tensor], batches:Mapping[str, Tensor])->dict[str, Tensor]:
+    "Logits per task from ONE encoder forward of the concatenated batches under the shared weights `params`."
+    x = torch.cat([b.to(data.heads.scale.device) for b in batches.values()])
+    pooled = functional_call(data.encoder, dict(params), args=(), kwargs={'pixel_values': x}, strict=False).pooler_output
+    return {t: data.heads(p, t) for t, p in zip(batches, pooled.split([len(b) for b in batches.values()]))}
+
+
+# %% ../../nbs/methods/33_adamerging.ipynb #b551e4c0
+ACTIVATION_BUDGET = 24 * 2**30   # bytes of saved activations per forward chunk (a quarter of an 80 GB GPU)
+
+def saved_bytes_per_image(config)->int:
+    "Bytes autograd saves per image in a float32 CLIPVisionModel of `config`, counted on the meta device."
+    with torch.device('meta'): enc = CLIPVisionModel(config).requires_grad_(True)
+    def saved(n):   # bytes saved for backward by a forward of n images
+        total = [0]
+        def pack(t): total[0] += t.numel() * t.element_size(); return t
+        x = torch.zeros(n, config.num_channels, config.image_size, config.image_size, device='meta')
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t): enc(pixel_values=x)
+        return total[0]
+    return saved(2) - saved(1)   # the weights are saved once per forward, whatever the batch
+
+def auto_tasks_per_forward(data:MergeData, batch_size:int, n_tasks:int, budget:int|None=None)->int:
+    "The most tasks whose `batch_size`-image batches fit one forward within `budget` bytes of saved activations."
+    config = getattr(getattr(data, 'model_pool', None), 'config', None)
+    if config is None: return n_tasks
+    per_task = saved_bytes_per_image(config) * batch_size
+    return max(1, min(n_tasks, int((ACTIVATION_BUDGET if budget is None else budget) // per_task)))
+
+
+# %% ../../nbs/methods/33_adamerging.ipynb #6e54c3e4
+def adamerging_backward(st:StackedTaskVectors, coefficients:Tensor, data:MergeData, batches:Mapping[str, Tensor],
+                        mask:Mapping[str, Tensor]|None=None,
+                        tasks_per_forward:int|None=None, # tasks per encoder forward (None: `auto_tasks_per_forward`)
+                       )->Tensor:
+    "Backpropagate Σₜ mean entropy into the coefficients (and mask), chunk of tasks by chunk; returns the detached loss."
+    merged = st.merge(coefficients, mask)
+    leaves = {k: v.detach().requires_grad_(v.requires_grad) for k, v in merged.items()}
+    names = list(batches)
+    n = tasks_per_forward or auto_tasks_per_forward(data, max(len(b) for b in batches.values()), len(names))
+    total = torch.zeros((), device=data.heads.scale.device)
+    for i in range(0, len(names), n):
+        loss = sum(entropy_loss(l) for l in batched_logits(data, leaves, {t: batches[t] for t in names[i:i + n]}).values())
+        if loss.requires_grad: loss.backward()
+        total += loss.detach()
+    grads = [(merged[k], leaves[k].grad) for k in merged if leaves[k].grad is not None]
+    if grads: torch.autograd.backward([m for m, _ in grads], [g for _, g in grads])
+    return total
+
+
+# %% ../../nbs/methods/33_adamerging.ipynb #3861bf5a
 def learn_coefficients(st:StackedTaskVectors, data:MergeData,
                        granularity:str='layer', # 'task' or 'layer'
                        init:float=0.3, # initial coefficient (paper 000)
                        steps:int=1000, lr:float=1e-3, batch_size:int=16,
                        tasks:Sequence[str]|None=None, # tasks whose test batches drive the entropy (default: the experts')
-                       clamp:bool=False, # clamp coefficients to [0, 1] after every step
+                       clamp:bool=False, # clamp coefficients to [0, 1] after every step (the original AdaMerging's)
                        mask:Mapping[str, Tensor]|None=None, # fixed mask on the task vectors (Concrete AdaMerging)
                        seed:int=0, progress:bool=True,
+                       tasks_per_forward:int|None=None, # tasks per encoder forward (None: as many as `ACTIVATION_BUDGET` allows)
                       )->tuple[Tensor, list[float]]:
     "Adam on the coefficients against the entropy of unlabelled test batches; returns them and the loss per step."
     check_range('steps', steps, 0); check_range('batch_size', batch_size, 1)
@@ -111,15 +167,18 @@ def learn_coefficients(st:StackedTaskVectors, data:MergeData,
     coef = nn.Parameter(torch.full(_coefficient_shape(granularity, st), float(init), device=data.device))
     opt = torch.optim.Adam([coef], lr=lr)
     streams = {t: data.unlabelled(t, batch_size) for t in (tasks or st.tasks)}
+    per_forward = tasks_per_forward or auto_tasks_per_forward(data, batch_size, len(streams))
     history, bar = [], tqdm(range(steps), desc=f'{granularity}-wise AdaMerging', disable=not progress, leave=False)
     for _ in bar:
-        loss = adamerging_step_loss(st, coef, data, {t: next(s) for t, s in streams.items()}, mask)
+        opt.zero_grad(set_to_none=True)
+        loss = adamerging_backward(st, coef, data, {t: next(s) for t, s in streams.items()}, mask, per_forward)
         if not torch.isfinite(loss): raise NonFiniteError(f"AdaMerging: the entropy became {float(loss)} at step {len(history)}")
-        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+        opt.step()
         if clamp:
             with torch.no_grad(): coef.clamp_(0, 1)
         history.append(float(loss)); bar.set_postfix(entropy=f'{history[-1]:.3f}')
     return coef.detach(), history
+
 
 # %% ../../nbs/methods/33_adamerging.ipynb #f989f622
 def adamerging(pretrained:Mapping, # θ₀

@@ -18,23 +18,26 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save as safetensors_bytes
 
 from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_write, check_range, seed_everything
-from .registry import Hyper, MergeMethod, declare, MERGE_METHODS, MergedStateDict
+from .registry import Hyper, MergeMethod, declare, MERGE_METHODS, MergedStateDict, check_choice
 from .data import MergeData, entropy_loss
-from .adamerging import StackedTaskVectors, adamerging_step_loss, learn_coefficients, _coefficient_shape
+from .adamerging import StackedTaskVectors, adamerging_step_loss, adamerging_backward, auto_tasks_per_forward, learn_coefficients, _coefficient_shape
 
 # %% auto #0
-__all__ = ['concrete_task_arithmetic', 'concrete_layer_wise_adamerging', 'sample_mask', 'save_mask', 'load_mask', 'learn_mask']
+__all__ = ['INNER_GRAD_POINTS', 'concrete_task_arithmetic', 'concrete_layer_wise_adamerging', 'sample_mask', 'save_mask',
+           'load_mask', 'learn_mask']
 
 # %% ../../nbs/methods/35_concrete.ipynb #544f164f
 def sample_mask(logits:Mapping[str, Tensor], # mask logits per tensor key
                 temperature:float=0.5, # Concrete temperature (paper 000: 0.5)
-                generator:torch.Generator|None=None, # seeds the sample (else the global RNG)
+                generator:torch.Generator|None=None, # seeds the sample (else the global RNG); best on the logits' device
                 rescale:bool=True, # divide each mask tensor by its mean
                )->dict[str, Tensor]:
     "A continuous mask per key from the Concrete distribution of `logits` (differentiable, rescaled to mean 1)."
     out = {}
     for k, l in logits.items():
-        u = torch.rand(l.shape, generator=generator, device='cpu' if generator is not None else l.device).to(l.device).clamp(1e-6, 1 - 1e-6)
+        # drawn where the generator lives: no host-to-device copy when it is on the logits' device (as in `learn_mask`)
+        u = torch.rand(l.shape, generator=generator, device=l.device if generator is None else generator.device)
+        u = u.to(l.device).clamp(1e-6, 1 - 1e-6)
         m = torch.sigmoid((l + torch.log(u) - torch.log1p(-u)) / temperature)
         out[k] = m / m.mean() if rescale else m
     return out
@@ -63,37 +66,47 @@ def _check(temperature, lr, steps, batch_size):
     check_range('steps', steps, 0); check_range('batch_size', batch_size, 1)
 
 # %% ../../nbs/methods/35_concrete.ipynb #06597a21
+INNER_GRAD_POINTS = ('init', 'previous')
+
 def learn_mask(st:StackedTaskVectors, data:MergeData,
                coefficients:Tensor|None=None, # fixed coefficients (Concrete TA); None: bi-level with layer-wise AdaMerging
                temperature:float=0.5, initial_logits:float=0., steps:int=2000, lr:float=1e-3, batch_size:int=16,
                init:float=0.3, # bi-level: the coefficients every outer step restarts from
                inner_lr:float=1., # bi-level: Adam lr of the one inner step on the coefficients (FusionBench's base_lr)
                tasks:Sequence[str]|None=None, seed:int=0, progress:bool=True,
+               inner_grad_at:str='init', # bi-level: inner gradient at 'init' or at the 'previous' step's adapted coefficients (FusionBench)
+               tasks_per_forward:int|None=None, # tasks per encoder forward (None: as many as `ACTIVATION_BUDGET` allows)
               )->tuple[dict[str, Tensor], list[float]]:
     "Adam on the mask logits against the entropy of unlabelled test batches; returns the logits and the loss per step."
-    _check(temperature, lr, steps, batch_size)
+    _check(temperature, lr, steps, batch_size); check_choice('inner_grad_at', inner_grad_at, INNER_GRAD_POINTS)
     seed_everything(seed)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=data.device).manual_seed(seed)   # masks drawn on the compute device, every step
     logits = _init_logits(st, initial_logits)
     opt = torch.optim.Adam(logits.values(), lr=lr)
     streams = {t: data.unlabelled(t, batch_size) for t in (tasks or st.tasks)}
+    per_forward = tasks_per_forward or auto_tasks_per_forward(data, batch_size, len(streams))
     if coefficients is None:   # the inner problem's coefficients and optimiser (its state persists, as in FusionBench)
         coef = nn.Parameter(torch.full(_coefficient_shape('layer', st), float(init), device=data.device))
-        inner = torch.optim.Adam([coef], lr=inner_lr)
+        inner, point = torch.optim.Adam([coef], lr=inner_lr), coef.detach().clone()
     history = []
     for _ in (bar := tqdm(range(steps), desc='Concrete mask', disable=not progress, leave=False)):
         mask = sample_mask(logits, temperature, g)
         if coefficients is None:
-            with torch.no_grad(): coef.fill_(init)
-            inner_loss = adamerging_step_loss(st, coef, data, {t: next(s) for t, s in streams.items()}, {k: m.detach() for k, m in mask.items()})
-            inner.zero_grad(set_to_none=True); inner_loss.backward(); inner.step()
-            c = coef.detach()
+            with torch.no_grad(): coef.copy_(point)      # the inner gradient is taken here ...
+            inner.zero_grad(set_to_none=True)
+            adamerging_backward(st, coef, data, {t: next(s) for t, s in streams.items()}, {k: m.detach() for k, m in mask.items()}, per_forward)
+            with torch.no_grad(): coef.fill_(init)       # ... and the step starts from `init`
+            inner.step()
+            c = coef.detach().clone()
+            if inner_grad_at == 'previous': point = c
         else: c = coefficients
-        loss = adamerging_step_loss(st, c, data, {t: next(s) for t, s in streams.items()}, mask)
+        opt.zero_grad(set_to_none=True)
+        loss = adamerging_backward(st, c, data, {t: next(s) for t, s in streams.items()}, mask, per_forward)
         if not torch.isfinite(loss): raise NonFiniteError(f"Concrete mask: the entropy became {float(loss)} at step {len(history)}")
-        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+        opt.step()
         history.append(float(loss)); bar.set_postfix(entropy=f'{history[-1]:.3f}')
     return {k: v.detach() for k, v in logits.items()}, history
+
 
 # %% ../../nbs/methods/35_concrete.ipynb #0dfd4e7b
 def _final_mask(logits, temperature, seed):

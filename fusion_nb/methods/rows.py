@@ -55,8 +55,10 @@ def paper_rows(paper:str='000', # paper id, as in data/paper_values
               )->list[str]:
     "The declared method names of a paper table's rows, in the paper's order."
     from fusion_nb.reproduce.reports import load_paper_values
-    v = load_paper_values(root)
-    v = v[(v['paper'].astype(str).str.zfill(3) == paper) & v['table'].str.startswith(table)]
+    import fusion_nb
+    def rows_of(v): return v[(v['paper'].astype(str).str.zfill(3) == paper) & v['table'].astype(str).str.startswith(table)]
+    v = rows_of(load_paper_values(root))
+    if v.empty: v = rows_of(load_paper_values(Path(fusion_nb.__file__).resolve().parents[1]))  # a project of one's own: the values fusion_nb ships
     if model is not None and (v['model'] == model).any(): v = v[v['model'] == model]
     return list(dict.fromkeys(MERGE_METHODS[m].name for m in dict.fromkeys(v['method']) if m in MERGE_METHODS))
 

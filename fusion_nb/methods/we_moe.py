@@ -23,8 +23,8 @@ from .registry import Hyper, MergeMethod, declare, check_models, check_pool, rea
 from .data import MergeData, entropy_loss
 
 # %% auto #0
-__all__ = ['weight_ensembling_moe', 'Router', 'WeightEnsemblingMLP', 'build_we_moe', 'routers_state', 'we_moe_train',
-           'save_routers', 'load_routers']
+__all__ = ['weight_ensembling_moe', 'Router', 'WeightEnsemblingMLP', 'WEMoEVisionModel', 'build_we_moe', 'routers_state',
+           'we_moe_backward', 'we_moe_train', 'save_routers', 'load_routers']
 
 # %% ../../nbs/methods/34_we_moe.ipynb #c3d19fd5
 class Router(nn.Module):
@@ -53,7 +53,7 @@ class WeightEnsemblingMLP(nn.Module):
                  expert_mlps:Sequence[Mapping[str, Tensor]], # the same keys, per expert
                  activation:nn.Module, # the MLP's activation (e.g. CLIP's quick_gelu)
                  init_lambda:float=0.3, router_hidden_layers:int=2,
-                 batch_reduce:bool=True, # average routing weights over the batch too (FusionBench: true)
+                 batch_reduce:bool=True, # in training mode (test-time adaptation) average routing weights over the batch (FusionBench: true)
                 ):
         super().__init__()
         keys = ('fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias')
@@ -63,20 +63,42 @@ class WeightEnsemblingMLP(nn.Module):
         self.activation, self.batch_reduce = activation, batch_reduce
         self.router = Router(pretrained_mlp['fc1.weight'].shape[1], len(expert_mlps), init_lambda, router_hidden_layers)
 
-    def routing_weights(self, hidden_states:Tensor)->Tensor:
-        "(batch, experts): the router's output averaged over tokens (and over the batch with `batch_reduce`)."
+    def routing_weights(self, hidden_states:Tensor, # (batch, tokens, hidden) input of the MLP
+                        reduce:bool|None=None, # average over the batch too (default: in training mode with `batch_reduce`)
+                       )->Tensor:
+        "(batch, experts): the router's output averaged over tokens (and over the batch when `reduce`)."
         r = self.router(hidden_states.float()).mean(dim=1)
-        return r.mean(0, keepdim=True).expand_as(r) if self.batch_reduce else r
+        if reduce is None: reduce = self.batch_reduce and self.training
+        return r.mean(0, keepdim=True).expand_as(r) if reduce else r
 
     def _linear(self, x:Tensor, name:str, r:Tensor)->Tensor:
-        W, b = getattr(self, f'base_{name}_weight'), getattr(self, f'base_{name}_bias')
-        tW, tb = getattr(self, f'tv_{name}_weight'), getattr(self, f'tv_{name}_bias')
-        per_expert = torch.einsum('btd,kod->btko', x, tW) + tb               # (batch, tokens, experts, out)
-        return F.linear(x, W, b) + torch.einsum('btko,bk->bto', per_expert, r)
+        "x W(r)ᵀ + b(r) with W(r) = W₀ + Σₖ rₖ τₖ built once per row of `r`: (1, experts) shared, or (batch, experts)."
+        W = getattr(self, f'base_{name}_weight') + torch.einsum('bk,kod->bod', r, getattr(self, f'tv_{name}_weight'))
+        b = getattr(self, f'base_{name}_bias') + r @ getattr(self, f'tv_{name}_bias')
+        return F.linear(x, W[0], b[0]) if len(r) == 1 else torch.baddbmm(b[:, None], x, W.transpose(1, 2))
 
     def forward(self, hidden_states:Tensor)->Tensor:
-        x = hidden_states.float(); r = self.routing_weights(x)
+        x, reduce = hidden_states.float(), self.batch_reduce and self.training
+        r = self.routing_weights(x, reduce)
+        if reduce: r = r[:1]   # one routing vector for the whole batch: merge each weight matrix once
         return self._linear(self.activation(self._linear(x, 'fc1', r)), 'fc2', r).to(hidden_states.dtype)
+
+
+# %% ../../nbs/methods/34_we_moe.ipynb #e1b78522
+class WEMoEVisionModel(CLIPVisionModel):
+    "A CLIPVisionModel whose layer MLPs are `WeightEnsemblingMLP`s (built by `build_we_moe`)."
+    @torch.no_grad()
+    def routing_weights(self, pixel_values:Tensor, # (batch, 3, H, W) images
+                       )->Tensor:
+        "(batch, layers, experts): each sample's routing weights in every layer, without batch reduction."
+        found = []
+        hook = lambda mlp, args, out: found.append(mlp.routing_weights(args[0], reduce=False))
+        handles = [layer.mlp.register_forward_hook(hook) for layer in _layers(self)]
+        try: self(pixel_values=pixel_values.to(self.device))
+        finally:
+            for h in handles: h.remove()
+        return torch.stack(found, 1)
+
 
 # %% ../../nbs/methods/34_we_moe.ipynb #5c1da573
 def _layers(model:nn.Module)->nn.ModuleList:
@@ -91,7 +113,7 @@ def build_we_moe(pretrained:Mapping, # θ₀ (plain or lazy CLIPVisionModel stat
                  config:CLIPVisionConfig, # the encoders' configuration
                  *, init_lambda:float=0.3, router_hidden_layers:int=2, batch_reduce:bool=True, seed:int=0,
                  check:bool=True, device=None,
-                )->CLIPVisionModel:
+                )->WEMoEVisionModel:
     "A CLIPVisionModel merged by task arithmetic at `init_lambda`, with every layer's MLP a WeightEnsemblingMLP; only routers train."
     experts = check_pool(experts, 'weight_ensembling_moe')
     if pretrained is None: raise HyperparameterError("weight_ensembling_moe needs the pretrained model")
@@ -102,7 +124,7 @@ def build_we_moe(pretrained:Mapping, # θ₀ (plain or lazy CLIPVisionModel stat
     for k in keys:   # task arithmetic for every tensor (the MLP ones are replaced below)
         p = pretrained[k]
         ta[k] = p.clone() if not p.is_floating_point() else read_tensor(pretrained, k, 'pretrained') + init_lambda * sum(read_tensor(e, k, n) - read_tensor(pretrained, k, 'pretrained') for n, e in experts.items())
-    model = CLIPVisionModel(config)
+    model = WEMoEVisionModel(config)
     model.load_state_dict(ta, strict=False)
     layers = _layers(model)
     if len(layers) != _layer_count(keys): raise IncompatibleModelsError(f"config has {len(layers)} layers, checkpoints {_layer_count(keys)}")
@@ -123,6 +145,14 @@ def routers_state(model:CLIPVisionModel)->dict[str, Tensor]:
     return {f'{l}.{k}': v for l, layer in enumerate(_layers(model)) for k, v in layer.mlp.router.state_dict().items()}
 
 # %% ../../nbs/methods/34_we_moe.ipynb #33a48e51
+def we_moe_backward(model:CLIPVisionModel, data:MergeData, batches:Mapping[str, Tensor])->Tensor:
+    "Backpropagate Σₜ mean entropy into the routers' `.grad` task by task (one task's graph alive at a time); returns the detached loss."
+    total = torch.zeros((), device=data.heads.scale.device)
+    for t, x in batches.items():   # each task its own forward: with batch reduction the routing depends on the batch
+        loss = entropy_loss(data.logits(t, x, encoder=model))
+        loss.backward(); total += loss.detach()
+    return total
+
 def we_moe_train(model:CLIPVisionModel, data:MergeData, *,
                  tasks:Sequence[str]|None=None, # tasks adapted on (default: the model's experts')
                  steps:int=1000, lr:float=1e-4, batch_size:int=16, seed:int=0, progress:bool=True)->list[float]:
@@ -136,9 +166,10 @@ def we_moe_train(model:CLIPVisionModel, data:MergeData, *,
     history = model.we_moe_info.setdefault('history', [])
     model.train()
     for _ in (bar := tqdm(range(steps), desc='WE-MoE routers', disable=not progress, leave=False)):
-        loss = sum(entropy_loss(data.logits(t, next(s), encoder=model)) for t, s in streams.items())
+        opt.zero_grad(set_to_none=True)
+        loss = we_moe_backward(model, data, {t: next(s) for t, s in streams.items()})
         if not torch.isfinite(loss): raise NonFiniteError(f"WE-MoE: the entropy became {float(loss)} at step {len(history)}")
-        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+        opt.step()
         history.append(float(loss)); bar.set_postfix(entropy=f'{history[-1]:.3f}')
     model.eval()
     return history
