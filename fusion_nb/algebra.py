@@ -315,9 +315,7 @@ def cosine_matrix(vectors:Mapping[str, Mapping], # name → task vector
                   progress:bool=False, # show a progress bar over the keys
                  )->pd.DataFrame:
     "Pairwise cosine similarities of `vectors` (names × names) in one pass over the keys."
-    names = list(vectors)
-    g = pd.DataFrame(gram_tensor(vectors, progress).cpu().numpy(), index=names, columns=names)
-    _check_gram_finite(g, 'cosine_matrix')
+    g = gram_matrix(vectors, progress)   # finite-checked, naming any NaN/Inf model
     n = g.values.diagonal() ** 0.5
     denom = n[:, None] * n[None, :]
     cos = g.values / (denom + (denom <= eps))
