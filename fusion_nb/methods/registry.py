@@ -21,7 +21,7 @@ from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError,
 from ..algebra import assert_finite, check_compatible, tensor_meta
 
 # %% auto #0
-__all__ = ['MERGE_METHODS', 'TOY_SHAPES', 'KINDS', 'RUNTIME', 'MergedStateDict', 'as_state_dict', 'check_pool', 'tensor_dtype',
+__all__ = ['MERGE_METHODS', 'TOY_SHAPES', 'KINDS', 'MergedStateDict', 'as_state_dict', 'check_pool', 'tensor_dtype',
            'compute_dtype', 'all_finite', 'read_tensor', 'check_models', 'merge_streaming', 'toy_pool', 'flat_vector',
            'tensor_generator', 'check_choice', 'expert_weights', 'check_interval', 'Hyper', 'MergeMethod', 'declare']
 
@@ -266,7 +266,6 @@ class Hyper:
 
 # %% ../../nbs/methods/20_registry.ipynb #e7582927
 KINDS = ('training-free', 'data-based', 'test-time', 'output-space', 'selection')
-RUNTIME = ('progress', 'check', 'device')  # switches every method takes; never hyperparameters
 
 @dataclass(eq=False)
 class MergeMethod:
