@@ -191,7 +191,7 @@ def run_experiment(name:str, # experiment (notebook stem)
     log(f"[{name}] running for profile {profile.name!r} ({why}) ...")
     t0 = time.time()
     try:
-        with atomic_dir(out) as tmp, _env(FUSION_NB_ROOT=profile.root):
+        with atomic_dir(out) as tmp, _env(FUSION_NB_ROOT=profile.root, OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')):   # PASSIVE: the kernel's OpenMP threads sleep, not spin, on a busy machine (same results)
             try:
                 papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**params, 'output_dir': str(tmp)},
                                            kernel_name='python3', cwd=str(nb.parent), progress_bar=progress)
