@@ -188,7 +188,7 @@ def test_push_refused_login_is_one_clear_error(micro, tmp_path, monkeypatch, fak
     refused = HfHubHTTPError.__new__(HfHubHTTPError)   # as the Hub raises it, without building an HTTP response
     Exception.__init__(refused, '401 Client Error: Unauthorized for url: https://huggingface.co/api/repos/create')
     fake_hub.fail = refused
-    with pytest.raises(FusionError, match=r"failed: 401 Client Error: Unauthorized\. Log in .*hf auth login"):
+    with pytest.raises(FusionError, match=r"failed: 401 Client Error: Unauthorized for url: \S+\. Log in .*hf auth login"):
         push_to_hub(out, 'someone/tiny-ties')
 
 def test_push_offline_fails_before_any_call(micro, tmp_path, monkeypatch, fake_hub):
