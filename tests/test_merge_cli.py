@@ -88,6 +88,15 @@ def test_every_training_free_method_runs_from_a_config(micro, tmp_path, name):
     for k in want: assert torch.equal(got[k], want[k]), (name, k)
     assert ModelCard.load(out/'README.md').data.to_dict()['merge']['method'] == name
 
+def test_without_a_base_model_the_first_expert_gives_the_architecture(micro, tmp_path):
+    cfg = {'method': 'weighted_average', 'models': [{'model': str(micro['mnist']), 'name': 'mnist', 'parameters': {'weights': 0.25}},
+                                                    {'model': str(micro['svhn']), 'name': 'svhn', 'parameters': {'weights': 0.75}}]}
+    out = run_merge(cfg, tmp_path/'avg', progress=False, log=lambda s: None)
+    got, ex = vision_weights(out), lazy(micro, 'mnist', 'svhn')
+    for k in got: torch.testing.assert_close(got[k], 0.25 * ex['mnist'][k] + 0.75 * ex['svhn'][k], rtol=0, atol=1e-6)
+    card = ModelCard.load(out/'README.md')
+    assert card.data.to_dict()['merge']['base_model'] is None and 'No base model' in card.text
+
 # ---------------------------------------------------------------- learning methods draw the profile's data
 
 def test_regmean_of_one_expert_is_that_expert(micro, tmp_path, at_root):
@@ -198,3 +207,6 @@ def test_push_to_hub_option_uploads_the_export(micro, tmp_path, monkeypatch):
     assert calls == [('create', 'someone/ties', True), ('upload', 'someone/ties', str(out))]
     assert notes[-1] == 'pushed to the Hugging Face Hub: https://huggingface.co/someone/ties/commit/1'
     assert 'from_pretrained("someone/ties")' in (out/'README.md').read_text()
+    (tmp_path/'ties.yaml').write_text(yaml.safe_dump(good(micro)))   # the command's flag does the same
+    assert main(['merge', str(tmp_path/'ties.yaml'), '-o', str(tmp_path/'flag'), '--push-to-hub', 'someone/other', '--no-progress']) == 0
+    assert calls[-2:] == [('create', 'someone/other', False), ('upload', 'someone/other', str(tmp_path/'flag'))]
