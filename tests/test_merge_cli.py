@@ -157,10 +157,13 @@ BAD = [  # (change to the good config, error type, message)
     ({'dtype': 'int8'}, UnknownNameError, "bad.yaml: dtype: unknown dtype 'int8'"),
     ({'parameters': {'save_to': 'x.safetensors'}}, FusionError, "parameters: 'save_to' cannot be set in a config"),
     ({'models': []}, FusionError, 'bad.yaml: models: expected a list of experts'),
+    ({'output': {'push_to_hub': 'someone/two words'}}, FusionError, "bad.yaml: output.push_to_hub: 'someone/two words' is not a hub repository id"),
+    ({'output': {'push_to_hub': 'someone/ties'}}, FusionError, 'the Hugging Face Hub is not reachable (HF_HUB_OFFLINE is set)'),
 ]
 
 @pytest.mark.parametrize('change,error,message', BAD, ids=[m[:40] for _, _, m in BAD])
-def test_bad_config_is_named_and_nothing_is_written(micro, wide_model, tmp_path, at_root, change, error, message):
+def test_bad_config_is_named_and_nothing_is_written(micro, wide_model, tmp_path, at_root, monkeypatch, change, error, message):
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
     cfg = {**good(micro), **change}
     subst = {'MNIST': str(micro['mnist']), 'WIDE': str(wide_model)}
     cfg['models'] = [{**e, 'model': subst.get(e['model'], e['model'])} for e in cfg['models']]
