@@ -157,6 +157,8 @@ BAD = [  # (change to the good config, error type, message)
     ({'dtype': 'int8'}, UnknownNameError, "bad.yaml: dtype: unknown dtype 'int8'"),
     ({'parameters': {'save_to': 'x.safetensors'}}, FusionError, "parameters: 'save_to' cannot be set in a config"),
     ({'models': []}, FusionError, 'bad.yaml: models: expected a list of experts'),
+    ({'base_model': 'fusion-nb-tests/no-such-model'}, FusionError,
+     "base_model: model 'fusion-nb-tests/no-such-model' is not in the local Hugging Face cache and the hub is offline"),
     ({'output': {'push_to_hub': 'someone/two words'}}, FusionError, "bad.yaml: output.push_to_hub: 'someone/two words' is not a hub repository id"),
     ({'output': {'push_to_hub': 'someone/ties'}}, FusionError, 'the Hugging Face Hub is not reachable (HF_HUB_OFFLINE is set)'),
 ]
