@@ -95,7 +95,7 @@ def test_card_carries_the_metadata_and_renders(micro, tmp_path):
     assert set(hp['thresholds']) == set(TASKS) and all(t > 0 for t in hp['thresholds'].values())
     assert 'base_model' not in d   # local folders: nothing the Hub could link
     text = card.text
-    assert '# Ties-Merging merge of mnist, svhn, eurosat' in text   # the declared label
+    assert '# mnist, svhn, eurosat merged with Ties-Merging' in text   # the declared label
     for t, acc in zip(TASKS, results.accuracy): assert f'| {t}' in text and str(acc) in text
     assert 'CLIPVisionModel.from_pretrained("someone/tiny-ties")' in text
     assert "paper 000" in text   # the defaults' sources, read from the declaration

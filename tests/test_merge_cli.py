@@ -47,7 +47,7 @@ def test_cli_subprocess_runs_the_ties_example(micro, tmp_path):
                         'merge', 'examples/merge/ties_micro.yaml', '-o', str(out), '--no-progress'], cwd=REPO, capture_output=True,
                        text=True, env={**os.environ, 'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1'}, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f'Ties-Merging merge of mnist, svhn, eurosat → {out}' in r.stdout
+    assert f'mnist, svhn, eurosat merged with Ties-Merging → {out}' in r.stdout
     whole, base = CLIPModel.from_pretrained(out), CLIPModel.from_pretrained(micro['base'])
     for k, v in base.state_dict().items():   # output.model: clip keeps the base model's text tower and projections
         if not k.startswith('vision_model.'): assert torch.equal(whole.state_dict()[k], v), k
