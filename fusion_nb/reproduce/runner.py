@@ -291,7 +291,7 @@ def main(argv:Sequence[str]|None=None)->int:
     try:
         if a.cmd == 'list': _list(); return 0
         if a.cmd == 'merge':
-            from fusion_nb.reproduce.merge_config import run_merge   # torch and the methods load only for this command
+            from fusion_nb.reproduce.merge_config import run_merge   # the merge methods load only for this command
             run_merge(a.config, a.output, repo_id=a.push_to_hub, progress=not a.no_progress); return 0
         status = reproduce(a.profile, a.only, a.force, a.output_root, progress=not a.no_progress)
     except FusionError as e:
