@@ -267,6 +267,12 @@ def _parser()->argparse.ArgumentParser:
     r.add_argument('--output-root', default=None, help='where <profile>/ goes (default: <project>/outputs)')
     r.add_argument('--no-progress', action='store_true', help='no progress bars')
     sub.add_parser('list', help='list profiles and experiments')
+    g = sub.add_parser('merge', help='merge models as a mergekit-style YAML config says and export them with a model card '
+                       '(fusion_nb.reproduce.merge_config)')
+    g.add_argument('config', help='the merge config (YAML; examples in examples/merge/)')
+    g.add_argument('-o', '--output', required=True, help='the folder to write (new, empty, or an earlier export)')
+    g.add_argument('--push-to-hub', metavar='OWNER/NAME', default=None, help='upload the folder to this hub repository afterwards')
+    g.add_argument('--no-progress', action='store_true', help='no progress bars')
     return ap
 
 def _list()->None:
@@ -284,6 +290,9 @@ def main(argv:Sequence[str]|None=None)->int:
     a = _parser().parse_args(argv)
     try:
         if a.cmd == 'list': _list(); return 0
+        if a.cmd == 'merge':
+            from fusion_nb.reproduce.merge_config import run_merge   # the merge methods load only for this command
+            run_merge(a.config, a.output, repo_id=a.push_to_hub, progress=not a.no_progress); return 0
         status = reproduce(a.profile, a.only, a.force, a.output_root, progress=not a.no_progress)
     except FusionError as e:
         print(f"fusion-nb: error: {e}", file=sys.stderr); return 2
