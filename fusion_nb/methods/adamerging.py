@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from safetensors.torch import load_file, save as safetensors_bytes
 
 from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_write, check_range, seed_everything
-from .registry import Hyper, MergeMethod, declare, MERGE_METHODS, MergedStateDict, check_models, check_pool, check_choice, read_tensor
+from .registry import Hyper, MergeMethod, OutputWeights, declare, MERGE_METHODS, MergedStateDict, check_models, check_pool, check_choice, read_tensor
 from .data import MergeData, entropy_loss
 from torch.func import functional_call
 from transformers import CLIPVisionModel
@@ -227,12 +227,18 @@ ADAMERGING_HYPERS = {
     'seed': Hyper(0, 'seed of the test batches', type=int)}
 _ADA_BUDGETS = {'steps': 'adamerging_steps', 'lr': 'adamerging_lr', 'batch_size': 'tta_batch_size'}
 
+def _adamerging_output_weights(result, names, hp):
+    "λᵢ on each expert's outputs, 1 − Σλᵢ on θ₀'s; layer-wise, λᵢ is the mean of expert i's coefficients over the tensors."
+    c = torch.as_tensor(result.info['coefficients']).double()
+    lam = c if c.ndim == 1 else c.mean(1)   # every learned coefficient one vote, whatever the size of its tensor
+    return OutputWeights(dict(zip(result.info['tasks'], lam.tolist())), note='' if c.ndim == 1 else f'mean over {c.shape[1]} tensors')
+
 task_wise_adamerging = declare(MergeMethod(
     'task_wise_adamerging', 'Task-wise AdaMerging', 'Task arithmetic with one coefficient per task, learned by test-time entropy minimisation.', 'test-time',
     hypers=ADAMERGING_HYPERS, fuse=partial(adamerging, granularity='task'), papers={'000': {}, '001': {}}, budgets=_ADA_BUDGETS,
-    artefact='.safetensors', aliases=('adamerging_task_wise',)))
+    artefact='.safetensors', aliases=('adamerging_task_wise',), output_weights=_adamerging_output_weights))
 layer_wise_adamerging = declare(MergeMethod(
     'layer_wise_adamerging', 'Layer-wise AdaMerging', 'Task arithmetic with one coefficient per task and tensor, learned by test-time entropy minimisation.', 'test-time',
     hypers=ADAMERGING_HYPERS, fuse=partial(adamerging, granularity='layer'), papers={'000': {}, '001': {}}, budgets=_ADA_BUDGETS,
-    artefact='.safetensors', aliases=('adamerging_layer_wise',)))
+    artefact='.safetensors', aliases=('adamerging_layer_wise',), output_weights=_adamerging_output_weights))
 

@@ -12,7 +12,7 @@ from typing import Mapping
 from torch import Tensor
 
 from ..core import HyperparameterError, check_range
-from .registry import Hyper, MergeMethod, declare
+from .registry import Hyper, MergeMethod, OutputWeights, declare
 
 # %% auto #0
 __all__ = ['slerp', 'wise_ft', 'slerp_tensor']
@@ -53,8 +53,13 @@ def _wise_ft_rule(pretrained, experts, hp, info, runtime):
     info['model'] = name
     return lambda key, pre, ts: (1 - alpha) * pre + alpha * ts[name]
 
+def _wise_ft_output_weights(result, names, hp):
+    "α on the fine-tuned model's outputs, 1 − α on the zero-shot model's (the output-space WiSE-FT)."
+    return OutputWeights({names[0]: hp['alpha']})
+
 wise_ft = declare(MergeMethod(
     'wise_ft', 'WiSE-FT', 'WiSE-FT: θ = (1 − α)·θ_zero-shot + α·θ_fine-tuned.', 'training-free',
     hypers={'alpha': Hyper(0.5, 'mixing coefficient α', "paper 003's default (WiSE-FT α = 0.5)", float, interval='[0, 1]')},
-    rule=_wise_ft_rule, min_experts=1, max_experts=1, propagates_nonfinite=True, papers={'003': {}}))
+    rule=_wise_ft_rule, min_experts=1, max_experts=1, propagates_nonfinite=True, papers={'003': {}},
+    output_weights=_wise_ft_output_weights))
 

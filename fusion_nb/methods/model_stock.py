@@ -12,7 +12,7 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-from .registry import Hyper, MergeMethod, declare
+from .registry import Hyper, MergeMethod, OutputWeights, declare
 
 # %% auto #0
 __all__ = ['model_stock', 'model_stock_ratio', 'pairwise_cosines', 'mean_cosine']
@@ -52,9 +52,15 @@ def _model_stock_rule(pretrained, experts, hp, info, runtime):
         return t * (sum(ts.values()) / k) + (1 - t) * pre
     return merge_tensor
 
+def _model_stock_output_weights(result, names, hp):
+    "t̄/k on each expert's outputs and 1 − t̄ on θ₀'s, t̄ the mean of the per-tensor ratios (each tensor one vote, as AdaMerging's layers)."
+    t = sum(result.info['ratios'].values()) / len(result.info['ratios'])
+    return OutputWeights({n: t / len(names) for n in names}, note=f'mean ratio over {len(result.info["ratios"])} tensors')
+
 model_stock = declare(MergeMethod(
     'model_stock', 'Model Stock', 'Model Stock: per tensor, θ = t·mean(θᵢ) + (1 − t)·θ₀ with t = k·cos θ / (1 + (k − 1)·cos θ).', 'training-free',
     hypers={'reduction': Hyper('cosine', "for k > 2: 'cosine' (mean pairwise cosine, mergekit) or 'angle' (mean pairwise angle, FusionBench)",
                                'mergekit model_stock', str, choices=('cosine', 'angle'))},
-    rule=_model_stock_rule, min_experts=2, propagates_nonfinite=True, papers={'004': {}}))
+    rule=_model_stock_rule, min_experts=2, propagates_nonfinite=True, papers={'004': {}},
+    output_weights=_model_stock_output_weights))
 

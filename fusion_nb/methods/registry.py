@@ -23,7 +23,8 @@ from ..algebra import assert_finite, check_compatible, tensor_meta
 # %% auto #0
 __all__ = ['MERGE_METHODS', 'TOY_SHAPES', 'KINDS', 'MergedStateDict', 'as_state_dict', 'check_pool', 'tensor_dtype',
            'compute_dtype', 'all_finite', 'read_tensor', 'check_models', 'merge_streaming', 'toy_pool', 'flat_vector',
-           'tensor_generator', 'check_choice', 'expert_weights', 'check_interval', 'Hyper', 'MergeMethod', 'declare']
+           'tensor_generator', 'check_choice', 'expert_weights', 'check_interval', 'Hyper', 'MergeMethod', 'declare',
+           'OutputWeights']
 
 # %% ../../nbs/methods/20_registry.ipynb #e89fed89
 MERGE_METHODS = Registry('merge method')
@@ -286,6 +287,7 @@ class MergeMethod:
     aliases:tuple=() # other registry names for exactly this method
     positional:tuple=() # hyperparameters also accepted positionally after `experts` (e.g. greedy_soup's evaluate_fn)
     propagates_nonfinite:bool=False # the rule is a sum of its inputs: a NaN/Inf in them always reaches the output
+    output_weights:Callable|None=None # (result, expert names, hp) → OutputWeights: the merge's weights applied to outputs (paper 001's Ens.); None: no output-space counterpart
 
     def __post_init__(self):
         check_choice('kind', self.kind, KINDS)
@@ -382,3 +384,27 @@ def declare(method:MergeMethod)->MergeMethod:
     for n in (method.name, *method.aliases): MERGE_METHODS.register(n, method)
     return method
 
+
+# %% ../../nbs/methods/20_registry.ipynb #c19d39a3
+@dataclass
+class OutputWeights:
+    "A merge's weights applied to outputs (paper 001's Ens.): f(x) = w₀ f(x; θ₀) + Σᵢ wᵢ f(x; θᵢ), fixed or per sample."
+    experts:Mapping|Sequence|None=None # wᵢ: dict by expert name or list in pool order (fixed weights)
+    pretrained:float|None=None # w₀, θ₀'s weight; None: 1 − Σᵢ wᵢ (the merge θ₀ + Σᵢ wᵢ (θᵢ − θ₀) is affine)
+    per_sample:Callable|None=None # pixel_values → (batch, 1 + experts) rows [w₀, w₁, …], one per sample (routed methods)
+    note:str='' # how the weights were obtained, for tables and reports
+
+    def __post_init__(self):
+        if (self.experts is None) == (self.per_sample is None): raise ValueError("give exactly one of `experts` (fixed) or `per_sample`")
+        if self.experts is not None and self.pretrained is None:
+            self.pretrained = 1.0 - sum(self.experts.values() if isinstance(self.experts, Mapping) else self.experts)
+
+    def check(self, names:Sequence[str], # the experts' names, in pool order
+              method:str='merge', # named in the messages
+             )->OutputWeights:
+        "These weights as `name → float` (fixed ones), if one finite weight per expert; `HyperparameterError` naming the culprit otherwise."
+        if self.per_sample is not None: return self
+        w = expert_weights(self.experts, list(names), 0.0, name=f'{method}: output weights')   # a wrong count or name is named
+        bad = {n: v for n, v in {**w, 'pretrained': float(self.pretrained)}.items() if not math.isfinite(v)}
+        if bad: raise HyperparameterError(f"{method}: output weights must be finite numbers; got {bad}")
+        return OutputWeights(w, float(self.pretrained), note=self.note)

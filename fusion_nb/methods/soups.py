@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from tqdm.auto import tqdm
 
 from ..core import HyperparameterError, check_range
-from .registry import MERGE_METHODS, Hyper, MergeMethod, check_models, declare, expert_weights
+from .registry import MERGE_METHODS, Hyper, MergeMethod, OutputWeights, check_models, declare, expert_weights
 
 # %% auto #0
 __all__ = ['weighted_average', 'simple_average', 'uniform_soup', 'greedy_soup', 'soup_grid_search', 'affine_grid']
@@ -28,12 +28,17 @@ def _weighted_average_rule(pretrained, experts, hp, info, runtime):
     info.update(weights=w, affine=abs(sum(w.values()) - 1) < 1e-9)
     return lambda key, pre, ts: sum(w[n] * t for n, t in ts.items())
 
+def _weighted_average_output_weights(result, names, hp):
+    "The soup's own wᵢ (normalised if it was) on each expert's outputs; θ₀ gets 0: the soup has no θ₀ term."
+    return OutputWeights(result.info['weights'], pretrained=0.0)
+
 weighted_average = declare(MergeMethod(
     'weighted_average', 'Linear', 'Soup θ = Σᵢ wᵢ θᵢ with arbitrary real weights (negative ones extrapolate; paper 002, eq. 3).', 'training-free',
     hypers={'weights': Hyper(None, 'wᵢ per expert (dict by name or list in pool order); None: 1/n each', 'paper 002 §3', float, per_expert=True),
             'normalize': Hyper(False, "divide the weights by their sum (paper 004's Linear)", 'paper 004 §4 (Linear)', bool)},
     papers={'002': {}, '004': {'normalize': True}},
-    rule=_weighted_average_rule, needs_pretrained=False, aliases=('linear',), propagates_nonfinite=True))
+    rule=_weighted_average_rule, needs_pretrained=False, aliases=('linear',), propagates_nonfinite=True,
+    output_weights=_weighted_average_output_weights))
 
 
 # %% ../../nbs/methods/21_soups.ipynb #9a12a63c
@@ -42,11 +47,15 @@ def _simple_average_rule(pretrained, experts, hp, info, runtime):
     info['experts'] = list(experts)
     return lambda key, pre, ts: sum(ts.values()) / len(ts)
 
+def _simple_average_output_weights(result, names, hp):
+    "1/n on each expert's outputs (the uniform ensemble), nothing on θ₀'s."
+    return OutputWeights({n: 1 / len(names) for n in names}, pretrained=0.0)
+
 simple_average = declare(MergeMethod(
     'simple_average', 'Simple Averaging', 'θ = (1/n) Σᵢ θᵢ: the plain average of the experts.', 'training-free',
     papers={'000': {}, '001': {}, '003': {}}, rule=_simple_average_rule, needs_pretrained=False,
     aliases=('uniform_soup',),  # Wortsman et al.'s uniform soup (paper 003's baseline) is exactly this average
-    propagates_nonfinite=True))
+    propagates_nonfinite=True, output_weights=_simple_average_output_weights))
 uniform_soup = simple_average
 
 

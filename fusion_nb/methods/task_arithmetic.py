@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 import math
 import torch
-from .registry import Hyper, MergeMethod, declare, expert_weights
+from .registry import Hyper, MergeMethod, OutputWeights, declare, expert_weights
 
 # %% auto #0
 __all__ = ['task_arithmetic']
@@ -26,10 +26,14 @@ def _task_arithmetic_rule(pretrained, experts, hp, info, runtime):
         return out
     return merge_tensor
 
+def _task_arithmetic_output_weights(result, names, hp):
+    "λᵢ on each expert's outputs and 1 − Σλᵢ on θ₀'s: the merge's own affine weights, not renormalised."
+    return OutputWeights(expert_weights(hp['scaling_factor'], list(names), 0.3, name='scaling_factor'))
+
 task_arithmetic = declare(MergeMethod(
     'task_arithmetic', 'Task Arithmetic', 'θ = θ₀ + λ Σᵢ (θᵢ − θ₀), merged tensor by tensor.', 'training-free',
     hypers={'scaling_factor': Hyper(0.3, 'λ, or one λᵢ per expert (dict by name or list in pool order)',
                                     "paper 000, eight-task tables: 'Task Arithmetic (λ=0.3)'", float, per_expert=True)},
     papers={'000': {'scaling_factor': 0.3}, '001': {'scaling_factor': 0.3}, '004': {}},
-    rule=_task_arithmetic_rule, propagates_nonfinite=True))
+    rule=_task_arithmetic_rule, propagates_nonfinite=True, output_weights=_task_arithmetic_output_weights))
 

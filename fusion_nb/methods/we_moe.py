@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save as safetensors_bytes
 from transformers import CLIPVisionConfig, CLIPVisionModel
 
 from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_write, check_range, seed_everything
-from .registry import Hyper, MergeMethod, declare, check_models, check_pool, read_tensor
+from .registry import Hyper, MergeMethod, OutputWeights, declare, check_models, check_pool, read_tensor
 from .data import MergeData, entropy_loss
 
 # %% auto #0
@@ -218,6 +218,15 @@ def weight_ensembling_moe(pretrained:Mapping, experts:Mapping, *,
 # %% ../../nbs/methods/34_we_moe.ipynb #d5a7f1e8
 _weight_ensembling_moe = weight_ensembling_moe  # the implementation above; the name now means the declared method
 
+def _we_moe_output_weights(result, names, hp):
+    "Per sample: expert k's routing weight averaged over the layers on its outputs, 1 − Σₖ on θ₀'s (each MLP is W₀ + Σₖ rₖ(x) τₖ)."
+    if list(result.we_moe_info['tasks']) != list(names):
+        raise IncompatibleModelsError(f"the WE-MoE routers are for {result.we_moe_info['tasks']}, not {list(names)}")
+    def per_sample(pixel_values):
+        r = result.routing_weights(pixel_values).mean(1).double()   # (batch, layers, experts) → (batch, experts)
+        return torch.cat([1 - r.sum(1, keepdim=True), r], 1)
+    return OutputWeights(per_sample=per_sample, note='routing weights averaged over the layers, per sample')
+
 weight_ensembling_moe = declare(MergeMethod(
     'weight_ensembling_moe', 'Weight-Ensembling MoE', 'Upscale each MLP into a weight-ensembling MoE whose routers are trained at test time; other tensors task arithmetic.', 'test-time',
     hypers={'init_lambda': Hyper(0.3, "routers' initial output and the non-MLP task-arithmetic λ", 'paper 000', float),
@@ -231,5 +240,5 @@ weight_ensembling_moe = declare(MergeMethod(
             'save_to': Hyper(None, 'save the trained routers here'),
             'seed': Hyper(0, 'seed of the routers and test batches', type=int)},
     fuse=_weight_ensembling_moe, papers={'000': {}, '001': {}}, budgets={'steps': 'wemoe_steps', 'lr': 'wemoe_lr', 'batch_size': 'tta_batch_size'},
-    artefact='.routers.safetensors', aliases=('we_moe',)))
+    artefact='.routers.safetensors', aliases=('we_moe',), output_weights=_we_moe_output_weights))
 
