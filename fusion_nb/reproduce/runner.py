@@ -303,9 +303,10 @@ def run_on_ray(jobs:Mapping[str, dict], # label → keyword arguments of `run_ex
         else: todo[label] = job
     env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
     pythonpath = os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
-    task = ray.remote(_ray_task).options(num_cpus=profile.cpus_per_experiment, num_gpus=profile.gpus_per_experiment,
-                                         max_retries=0, runtime_env={'env_vars': {'PYTHONPATH': pythonpath}})
-    refs = {task.options(name=f'fusion-nb {label}').remote(job, profile, output_root, force, env): label for label, job in todo.items()}
+    task, options = ray.remote(_ray_task), dict(num_cpus=profile.cpus_per_experiment, num_gpus=profile.gpus_per_experiment,
+                                                 max_retries=0, runtime_env={'env_vars': {'PYTHONPATH': pythonpath}})
+    refs = {task.options(name=f'fusion-nb {label}', **options).remote(job, profile, output_root, force, env): label
+            for label, job in todo.items()}
     for label in todo: log(f"[{label}] submitted to Ray")
     try:
         while refs:
