@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/evaluation.html.md"""
 
 # %% ../nbs/06_evaluation.ipynb #0b8a7351
 from __future__ import annotations
-import math, weakref
+import contextlib, math, weakref
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
@@ -21,8 +21,8 @@ from .core import FusionError, HyperparameterError, NonFiniteError, UnknownNameE
 from .checkpoints import LazyStateDict
 
 # %% auto #0
-__all__ = ['COMBINE', 'zeroshot_head', 'task_head', 'ZeroShotClassifier', 'ImageTransform', 'image_loader', 'evaluate_task',
-           'evaluate']
+__all__ = ['COMBINE', 'AUTOCAST', 'zeroshot_head', 'task_head', 'ZeroShotClassifier', 'ImageTransform', 'image_loader',
+           'evaluate_task', 'evaluate']
 
 # %% ../nbs/06_evaluation.ipynb #c5a99209
 @torch.no_grad()
@@ -133,31 +133,44 @@ def image_loader(dataset, # HF dataset with `image` and `label`
     return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)
 
 # %% ../nbs/06_evaluation.ipynb #3da78150
+AUTOCAST = {'none': None, 'bfloat16': torch.bfloat16, 'float16': torch.float16}   # the profile key `autocast`
+
+def _autocast(device:torch.device, autocast:str):
+    "The context of forward passes: `torch.autocast` to the named dtype, or nothing for 'none'."
+    if autocast not in AUTOCAST: raise HyperparameterError(f"autocast={autocast!r}: expected one of {', '.join(AUTOCAST)}")
+    return torch.autocast(device.type, dtype=AUTOCAST[autocast]) if AUTOCAST[autocast] else contextlib.nullcontext()
+
 @torch.no_grad()
 def evaluate_task(classifiers:Mapping[str, nn.Module], # model name → classifier returning log-probabilities
                   loader:DataLoader, # batches of {'pixel_values', 'label'} (or (pixel_values, labels) pairs)
                   device=None, # where to compute
                   progress:bool=True, # progress bar over batches
                   desc:str='eval', # progress bar label and name in messages (e.g. the task)
+                  autocast:str='none', # forward passes under torch.autocast: 'none', 'bfloat16' or 'float16'
                  )->dict[str, dict[str, float]]:
     "Accuracy and mean cross-entropy of every classifier over one pass of `loader`."
     device = get_device(device)
-    stats = {n: [0, 0.0] for n in classifiers}  # correct, summed loss
+    _autocast(device, autocast)   # a bad name fails before any data is read
+    # the sums stay on the device: no host sync per batch, so the GPU never idles while Python reads a number
+    acc_dtype = torch.float32 if device.type == 'mps' else torch.float64
+    correct = {n: torch.zeros((), dtype=torch.long, device=device) for n in classifiers}
+    loss = {n: torch.zeros((), dtype=acc_dtype, device=device) for n in classifiers}
     count = 0
     for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
         pixels, labels = (batch['pixel_values'], batch['label']) if isinstance(batch, Mapping) else batch
         pixels, labels = pixels.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         for name, clf in classifiers.items():
-            logp = clf(pixels)
-            stats[name][0] += int((logp.argmax(-1) == labels).sum())
-            stats[name][1] += float(F.nll_loss(logp.float(), labels, reduction='sum'))
+            with _autocast(device, autocast): logp = clf(pixels)
+            correct[name] += (logp.argmax(-1) == labels).sum()
+            loss[name] += F.nll_loss(logp.float(), labels, reduction='sum').to(acc_dtype)
         count += len(labels)
     if count == 0: raise FusionError(f"{desc}: the dataset is empty")
     out = {}
-    for n, (correct, loss) in stats.items():
-        if not math.isfinite(loss):
-            raise NonFiniteError(f"model {n!r} on {desc}: the cross-entropy is {loss} (non-finite outputs; check its weights)")
-        out[n] = {'accuracy': correct / count, 'loss': loss / count}
+    for n in classifiers:
+        total = float(loss[n])
+        if not math.isfinite(total):
+            raise NonFiniteError(f"model {n!r} on {desc}: the cross-entropy is {total} (non-finite outputs; check its weights)")
+        out[n] = {'accuracy': int(correct[n]) / count, 'loss': total / count}
     return out
 
 # %% ../nbs/06_evaluation.ipynb #97d01fcb
@@ -211,9 +224,11 @@ def evaluate(models:Mapping[str, object], # row name → pool name, CLIPVisionMo
              seed:int=0, # seed of the subsets
              progress:bool=True, # progress bars (tasks, batches)
              columns:Mapping|None=None, # constant key columns added to every record (e.g. method, hparams)
+             autocast:str='none', # forward passes under torch.autocast: 'none', 'bfloat16', 'float16' (the profile's `autocast`)
             )->pd.DataFrame:
     "Accuracy and loss of each model on each of its tasks, as tidy records (model, task, metric, value)."
     if combine not in COMBINE: raise HyperparameterError(f"combine={combine!r}: expected one of {', '.join(COMBINE)}")
+    _autocast(model_pool.device, autocast)
     columns = dict(columns or {})
     clash = [c for c in columns if c in ('model', 'task', 'metric', 'value')]
     if clash: raise FusionError(f"extra columns {clash} would overwrite the records' own columns")
@@ -231,6 +246,6 @@ def evaluate(models:Mapping[str, object], # row name → pool name, CLIPVisionMo
                 for m, (encs, w, comb) in rows.items() if t in per[m]}
         loader = image_loader(task.load(max_samples=max_samples, seed=seed), model_pool.processor, batch_size,
                               num_workers, pin_memory=device.type == 'cuda')
-        for m, res in evaluate_task(clfs, loader, device, progress, desc=f'task {t!r}').items():
+        for m, res in evaluate_task(clfs, loader, device, progress, desc=f'task {t!r}', autocast=autocast).items():
             records += [{'model': m, 'task': t, 'metric': k, 'value': v, **columns} for k, v in res.items()]
     return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value', *columns])
