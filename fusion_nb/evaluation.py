@@ -6,14 +6,14 @@ Docs: https://fusion-nb.github.io/fusion_nb/evaluation.html.md"""
 
 # %% ../nbs/06_evaluation.ipynb #0b8a7351
 from __future__ import annotations
-import contextlib, math, weakref
+import contextlib, itertools, math, weakref
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 from transformers import CLIPModel, CLIPVisionModel
 
@@ -22,7 +22,7 @@ from .checkpoints import LazyStateDict
 
 # %% auto #0
 __all__ = ['COMBINE', 'AUTOCAST', 'zeroshot_head', 'task_head', 'ZeroShotClassifier', 'ImageTransform', 'image_loader',
-           'evaluate_task', 'evaluate']
+           'TaskBatches', 'task_batches', 'evaluate_task', 'evaluate']
 
 # %% ../nbs/06_evaluation.ipynb #c5a99209
 @torch.no_grad()
@@ -132,6 +132,30 @@ def image_loader(dataset, # HF dataset with `image` and `label`
     ds = dataset.with_transform(ImageTransform(processor), columns=['image', 'label'])
     return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)
 
+# %% ../nbs/06_evaluation.ipynb #5f4c6822
+class TaskBatches(Dataset):
+    "Item i: `(task, batch)`, the i-th batch of several tasks' datasets taken task by task (a batch never mixes tasks)."
+    def __init__(self,
+                 datasets:Mapping[str, object], # task → HF dataset with `image` and `label`, in evaluation order
+                 processor, # the pretrained model's image processor
+                 batch_size:int=128, # images per batch
+                ):
+        if batch_size < 1: raise HyperparameterError(f"batch_size={batch_size}: expected at least 1")
+        self.datasets = {t: ds.with_transform(ImageTransform(processor), columns=['image', 'label']) for t, ds in datasets.items()}
+        self.spans = [(t, i, min(i + batch_size, len(ds))) for t, ds in datasets.items() for i in range(0, len(ds), batch_size)]
+    def __len__(self)->int: return len(self.spans)
+    def __getitem__(self, i:int)->tuple[str, dict]:
+        t, start, stop = self.spans[i]
+        return t, self.datasets[t][start:stop]
+
+def task_batches(datasets:Mapping[str, object], processor, batch_size:int=128,
+                 num_workers:int=0, # DataLoader worker processes, shared by all the tasks
+                 pin_memory:bool=False, # pin batches (asynchronous copies to a GPU)
+                )->DataLoader:
+    "`(task, {'pixel_values', 'label'})` pairs of several tasks in one DataLoader (see `TaskBatches`)."
+    return DataLoader(TaskBatches(datasets, processor, batch_size), batch_size=None, shuffle=False,
+                      num_workers=num_workers, pin_memory=pin_memory)
+
 # %% ../nbs/06_evaluation.ipynb #3da78150
 AUTOCAST = {'none': None, 'bfloat16': torch.bfloat16, 'float16': torch.float16}   # the profile key `autocast`
 
@@ -238,14 +262,14 @@ def evaluate(models:Mapping[str, object], # row name → pool name, CLIPVisionMo
     cache = {}
     rows = {m: _row(x, model_pool, combine, cache, m) for m, x in models.items()}
     clip, device = model_pool.clip, model_pool.device
+    heads = {t: task_head(model_pool, task_pool[t]) for t in task_order}   # every prompt embedded before any image is read
+    data = {t: task_pool[t].load(max_samples=max_samples, seed=seed) for t in task_order}
+    loader = task_batches(data, model_pool.processor, batch_size, num_workers, pin_memory=device.type == 'cuda')
     records = []
-    for t in tqdm(task_order, desc='tasks', disable=not progress or len(task_order) < 2):
-        task = task_pool[t]
-        head = task_head(model_pool, task)
-        clfs = {m: ZeroShotClassifier(encs, clip.visual_projection, clip.logit_scale, head, comb, w).to(device)
+    by_task = itertools.groupby(loader, key=lambda pair: pair[0])   # one stream, split where the task changes
+    for t, pairs in tqdm(by_task, desc='tasks', total=len(task_order), disable=not progress or len(task_order) < 2):
+        clfs = {m: ZeroShotClassifier(encs, clip.visual_projection, clip.logit_scale, heads[t], comb, w).to(device)
                 for m, (encs, w, comb) in rows.items() if t in per[m]}
-        loader = image_loader(task.load(max_samples=max_samples, seed=seed), model_pool.processor, batch_size,
-                              num_workers, pin_memory=device.type == 'cuda')
-        for m, res in evaluate_task(clfs, loader, device, progress, desc=f'task {t!r}', autocast=autocast).items():
-            records += [{'model': m, 'task': t, 'metric': k, 'value': v, **columns} for k, v in res.items()]
+        res = evaluate_task(clfs, (batch for _, batch in pairs), device, progress, desc=f'task {t!r}', autocast=autocast)
+        records += [{'model': m, 'task': t, 'metric': k, 'value': v, **columns} for m, r in res.items() for k, v in r.items()]
     return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value', *columns])
