@@ -86,3 +86,13 @@ def test_resources_the_cluster_lacks_fail_at_once(ray_project):
     with pytest.raises(FusionError, match=r"profile 'demo': gpus_per_experiment = 1, but the Ray cluster has 0 GPU\(s\)"):
         run()
     assert not (ray_project/'outputs'/'demo'/'00_ok').exists()
+
+def test_a_real_experiment_gives_the_same_table_on_ray(micro_project, tmp_path):
+    "00_individual on the micro test project, locally and as a Ray task: the same records."
+    kw = dict(only=['00_individual'], progress=False, log=lambda *_: None, settings=micro_project/'settings.ini')
+    assert reproduce('micro-test', output_root=tmp_path/'local', **kw) == {'00_individual': 'ok'}
+    assert reproduce('micro-test', output_root=tmp_path/'ray', backend='ray', **kw) == {'00_individual': 'ok'}
+    local, on_ray = (pd.read_csv(tmp_path/r/'micro-test'/'00_individual'/'results.csv') for r in ('local', 'ray'))
+    assert len(local) == 8 and local.drop(columns='value').equals(on_ray.drop(columns='value'))   # 4 rows × 2 metrics
+    assert on_ray.value.tolist() == pytest.approx(local.value.tolist(), rel=1e-6)
+    assert reproduce('micro-test', output_root=tmp_path/'ray', backend='ray', **kw) == {'00_individual': 'skipped'}
