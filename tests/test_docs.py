@@ -27,6 +27,7 @@ def test_every_notebook_is_processed_for_the_site(tmp_path):
     sources = sorted(p.relative_to(REPO/'nbs').as_posix() for p in (REPO/'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts)
     processed = sorted(p.relative_to(tmp_path/'_proc').as_posix() for p in (tmp_path/'_proc').rglob('*.ipynb'))
     assert processed == sources
+    assert '{{< include ../README.md >}}' in (tmp_path/'_proc'/'index.qmd').read_text()   # the home page: the README, included
     sidebar = yaml.safe_load((tmp_path/'nbs'/'sidebar.yml').read_text())['website']['sidebar']['contents']
     listed = {e for item in sidebar for e in ([item] if isinstance(item, str) else item['contents'])}
     assert {s for s in sources if s.startswith(('methods/', 'experiments/'))} <= listed   # every method and experiment page
