@@ -279,35 +279,40 @@ def _ray_task(job:dict, profile:Profile, output_root, force:bool, env:dict)->tup
     status = run_experiment(profile=profile, output_root=output_root, force=force, progress=False, log=lines.append, **job)
     return status, lines
 
-def _connect(ray, address:str|None, log)->None:
-    if ray.is_initialized(): return   # a session the caller opened (tests, notebooks)
-    ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    log(f"ray: {'connected to ' + address if address else 'local instance'}, resources {ray.cluster_resources()}")
+def _connect(ray, address:str|None, profile:Profile, log)->None:
+    "Join (or start) the Ray cluster; fail at once if one experiment asks for more than it has (it would wait forever)."
+    if not ray.is_initialized():   # else: a session the caller opened (tests, notebooks)
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        log(f"ray: {'connected to ' + address if address else 'local instance'}, resources {ray.cluster_resources()}")
+    have = ray.cluster_resources()
+    for key, res in (('gpus_per_experiment', 'GPU'), ('cpus_per_experiment', 'CPU')):
+        if getattr(profile, key) > have.get(res, 0):
+            raise FusionError(f"profile {profile.name!r}: {key} = {getattr(profile, key):g}, but the Ray cluster has "
+                              f"{have.get(res, 0):g} {res}(s); lower it in settings.ini or add nodes")
 
+def _submit(ray, jobs:Mapping[str, dict], profile:Profile, output_root, force:bool)->dict:
+    "Ray task per job with the profile's resources, the driver's environment and fusion_nb sources; ObjectRef → label."
+    env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
+    pythonpath = os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
+    task, options = ray.remote(_ray_task), dict(num_cpus=profile.cpus_per_experiment, num_gpus=profile.gpus_per_experiment,
+                                                 max_retries=0, runtime_env={'env_vars': {'PYTHONPATH': pythonpath}})
+    return {task.options(name=f'fusion-nb {label}', **options).remote(job, profile, output_root, force, env): label
+            for label, job in jobs.items()}
+
+# %% ../../nbs/reproduce/92_runner.ipynb #a5de7c33
 def run_on_ray(jobs:Mapping[str, dict], # label → keyword arguments of `run_experiment` (name, overrides, folder)
                profile:Profile, output_root:str|Path|None=None, force:bool=False,
                address:str|None=None, # a Ray cluster (`ray://...` or `host:port`); default: local / $RAY_ADDRESS
                log=print)->dict[str, str]:
     "Run the jobs as Ray tasks with the profile's resources; label → status (a killed task: 'failed', recorded)."
     ray = ray_module()
-    _connect(ray, address, log)
-    have = ray.cluster_resources()
-    for key, res in (('gpus_per_experiment', 'GPU'), ('cpus_per_experiment', 'CPU')):
-        if getattr(profile, key) > have.get(res, 0):
-            raise FusionError(f"profile {profile.name!r}: {key} = {getattr(profile, key):g}, but the Ray cluster has "
-                              f"{have.get(res, 0):g} {res}(s); lower it in settings.ini or add nodes")
+    _connect(ray, address, profile, log)
     status, todo = {}, {}
-    for label, job in jobs.items():
+    for label, job in jobs.items():   # up to date: not submitted
         if run_reason(profile=profile, output_root=output_root, force=force, **job)[0] is None:
             log(f"[{label}] up to date (inputs and outputs unchanged; --force reruns it)"); status[label] = 'skipped'
-        else: todo[label] = job
-    env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
-    pythonpath = os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
-    task, options = ray.remote(_ray_task), dict(num_cpus=profile.cpus_per_experiment, num_gpus=profile.gpus_per_experiment,
-                                                 max_retries=0, runtime_env={'env_vars': {'PYTHONPATH': pythonpath}})
-    refs = {task.options(name=f'fusion-nb {label}', **options).remote(job, profile, output_root, force, env): label
-            for label, job in todo.items()}
-    for label in todo: log(f"[{label}] submitted to Ray")
+        else: todo[label] = job; log(f"[{label}] submitted to Ray")
+    refs = _submit(ray, todo, profile, output_root, force)
     try:
         while refs:
             (done,), _ = ray.wait(list(refs), num_returns=1)
@@ -315,7 +320,7 @@ def run_on_ray(jobs:Mapping[str, dict], # label → keyword arguments of `run_ex
             try:
                 status[label], lines = ray.get(done)
                 for line in lines: log(line)
-            except ray.exceptions.RayError as e:   # the worker died, or the task could not start
+            except ray.exceptions.RayError as e:   # the worker died, or the task could not start: the driver records it
                 marker = record_failure(profile=profile, error=e, output_root=output_root, **todo[label])
                 log(f"[{label}] FAILED: its Ray task did not finish ({type(e).__name__}: {_last_line(e)}); recorded in {marker}")
                 status[label] = 'failed'
