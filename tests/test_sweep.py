@@ -5,7 +5,7 @@ import pandas as pd, pytest
 
 from fusion_nb.core import FusionError
 from fusion_nb.reproduce.runner import check_backend, main, sweep
-from test_reproduce import cli, project, write_nb   # the scratch project of the runner's tests (fixture included)
+from test_reproduce import project, write_nb   # the scratch project of the runner's tests (fixture included)
 
 SWEEP_BODY = """
 from pathlib import Path
@@ -19,6 +19,11 @@ pd.DataFrame(rows).to_csv(Path(output_dir, 'results.csv'), index=False)
 def sweep_project(project):
     write_nb(project/'nbs'/'experiments'/'02_grid.ipynb', SWEEP_BODY)
     return project
+
+def cli(capsys, *args):
+    "`fusion-nb ARGS` in this process (FUSION_NB_ROOT points at the scratch project): (exit status, stdout, stderr)."
+    code = main(list(args)); out = capsys.readouterr()
+    return code, out.out, out.err
 
 def run_sweep(project, grid, **kw):
     lines = []
@@ -45,33 +50,35 @@ def test_grid_points_each_run_and_merge(sweep_project):
     assert run_sweep(sweep_project, {'batch_size': ['5']})[0] == {'batch_size=5': 'ok'}
     assert list(pd.read_csv(sdir/'results.csv').batch_size.unique()) == [5]   # the merged table is this grid's
 
-def test_failed_point_is_isolated_named_and_rerun(sweep_project):
+def test_failed_point_is_isolated_named_and_rerun(sweep_project, capsys):
     (sweep_project/'settings.ini').write_text((sweep_project/'settings.ini').read_text().replace('should_fail = no', 'should_fail = yes'))
     status, log = run_sweep(sweep_project, {'batch_size': ['2', '3', '4']})
     assert status == {'batch_size=2': 'ok', 'batch_size=3': 'failed', 'batch_size=4': 'ok'}
     sdir = sweep_project/'outputs'/'sweeps'/'demo'/'02_grid'
     assert 'boom at batch_size=3' in log and (sdir/'batch_size=3.failed.ipynb').exists() and not (sdir/'batch_size=3').exists()
     assert sorted(pd.read_csv(sdir/'results.csv').batch_size.unique()) == [2, 4]
-    r = cli(sweep_project, 'sweep', '02_grid', '-p', 'batch_size', '2', '3', '4', '--profile', 'demo', '--no-progress')
-    assert r.returncode == 1 and '1 sweep point(s) failed: batch_size=3' in r.stderr
-    assert '[batch_size=2] up to date' in r.stdout and '[batch_size=3] running' in r.stdout   # only what is missing reruns
+    code, out, err = cli(capsys, 'sweep', '02_grid', '-p', 'batch_size', '2', '3', '4', '--profile', 'demo', '--no-progress')
+    assert code == 1 and '1 sweep point(s) failed: batch_size=3' in err
+    assert '[batch_size=2] up to date' in out and '[batch_size=3] running' in out   # only what is missing reruns
     (sweep_project/'settings.ini').write_text((sweep_project/'settings.ini').read_text().replace('should_fail = yes', 'should_fail = no'))
-    r = cli(sweep_project, 'sweep', '02_grid', '-p', 'batch_size', '2', '3', '4', '--profile', 'demo', '--no-progress')
-    assert r.returncode == 0, r.stderr
+    code, out, err = cli(capsys, 'sweep', '02_grid', '-p', 'batch_size', '2', '3', '4', '--profile', 'demo', '--no-progress')
+    assert code == 0, err
     assert sorted(pd.read_csv(sdir/'results.csv').batch_size.unique()) == [2, 3, 4]
     assert not (sdir/'batch_size=3.failed.json').exists() and not [p for p in sdir.rglob('.*')]
 
-def test_bad_sweeps_fail_before_anything_runs(sweep_project):
+def test_bad_sweeps_fail_before_anything_runs(sweep_project, capsys):
     with pytest.raises(FusionError, match=r"experiment '02_grid' has no parameter 'bach_size' to sweep; its parameters cell declares batch_size, should_fail"):
         run_sweep(sweep_project, {'bach_size': ['1']})
     with pytest.raises(FusionError, match=r"parameter 'batch_size': 'x' is not an integer"):
         run_sweep(sweep_project, {'batch_size': ['1', 'x']})
-    r = cli(sweep_project, 'sweep', '02_grid', '-p', 'batch_size', '--profile', 'demo')
-    assert r.returncode == 2 and "-p batch_size: give the parameter's values after its name" in r.stderr
-    r = cli(sweep_project, 'sweep', '02_grid', '-p', 'batch_size', '1', '-p', 'batch_size', '2', '--profile', 'demo')
-    assert r.returncode == 2 and '-p batch_size is given twice' in r.stderr
-    r = cli(sweep_project, 'sweep', '09', '-p', 'batch_size', '1', '--profile', 'demo')
-    assert r.returncode == 2 and "unknown experiment(s) '09'" in r.stderr
+    code, _, err = cli(capsys, 'sweep', '02_grid', '-p', 'batch_size', '--profile', 'demo')
+    assert code == 2 and "-p batch_size: give the parameter's values after its name" in err
+    code, _, err = cli(capsys, 'sweep', '02_grid', '-p', 'batch_size', '1', '-p', 'batch_size', '2', '--profile', 'demo')
+    assert code == 2 and '-p batch_size is given twice' in err
+    code, _, err = cli(capsys, 'sweep', '09', '-p', 'batch_size', '1', '--profile', 'demo')
+    assert code == 2 and "unknown experiment(s) '09'" in err
+    code, _, err = cli(capsys, 'sweep', '02_grid', '-p', 'batch_size', 'x', '--profile', 'demo')
+    assert code == 2 and "fusion-nb: error: parameter 'batch_size': 'x' is not an integer" in err
     assert not (sweep_project/'outputs').exists()
 
 def test_ray_backend_without_ray_says_how_to_install(monkeypatch, sweep_project):
