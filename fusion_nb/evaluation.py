@@ -272,4 +272,6 @@ def evaluate(models:Mapping[str, object], # row name → pool name, CLIPVisionMo
                 for m, (encs, w, comb) in rows.items() if t in per[m]}
         res = evaluate_task(clfs, (batch for _, batch in pairs), device, progress, desc=f'task {t!r}', autocast=autocast)
         records += [{'model': m, 'task': t, 'metric': k, 'value': v, **columns} for m, r in res.items() for k, v in r.items()]
+    empty = [t for t in task_order if t not in {r['task'] for r in records}]   # no batch at all: never reached evaluate_task
+    if empty: raise FusionError(f"task(s) {', '.join(map(repr, empty))}: the dataset is empty")
     return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value', *columns])

@@ -33,6 +33,14 @@ def test_predictions_do_not_depend_on_workers_or_batch_mates(pools):
     many = evaluate({'x': 'colors'}, mp, tp, tasks=['colors'], batch_size=64, progress=False)
     assert one.value.tolist() == pytest.approx(many.value.tolist(), rel=1e-5)
 
+def test_an_empty_task_is_an_error_not_a_missing_row(pools, monkeypatch):
+    "With one loader for all tasks, a task without a single batch must still fail loudly."
+    mp, tp = pools
+    task = tp['shapes']; load = task.load
+    monkeypatch.setattr(task, 'load', lambda **kw: load(**kw).select([]))
+    with pytest.raises(FusionError, match=r"task\(s\) 'shapes': the dataset is empty"):
+        evaluate({'m': PRETRAINED}, mp, tp, progress=False)
+
 def test_autocast_evaluates_in_lower_precision(pools):
     mp, tp = pools
     full = evaluate({'m': PRETRAINED}, mp, tp, progress=False)
