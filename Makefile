@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PROFILE ?= tiny
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup reproduce test test-fast export clean-nbs
+.PHONY: setup reproduce test test-fast export clean-nbs docs
 
 setup: $(VENV)/.installed
 
@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,ray]"
 	touch $@
 
 reproduce: setup
@@ -27,3 +27,10 @@ test: setup
 
 export: setup
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean
+
+# The docs site (every library, method and experiment notebook, rendered by nbdev and Quarto) into _docs/.
+# Quarto is a binary outside PyPI: `pip install quarto-cli` only downloads it from GitHub while it builds.
+docs: setup
+	@command -v quarto >/dev/null 2>&1 || { echo "make docs needs Quarto on PATH (https://quarto.org/docs/download/, or" \
+	  "'$(BIN)/pip install quarto-cli' where GitHub is reachable)"; exit 2; }
+	$(BIN)/nbdev-docs --n-workers 1

@@ -21,9 +21,9 @@ from .core import FusionError, IncompatibleModelsError, atomic_dir, atomic_write
 from .algebra import materialize, tensor_meta
 
 # %% auto #0
-__all__ = ['VISION_PREFIX', 'POSITION_IDS', 'VISION_MODEL_FILES', 'is_local_source', 'hub_offline', 'resolve_model_dir',
-           'LazyStateDict', 'vision_state_dict', 'vision_config', 'check_vision_state_dict', 'load_vision_model',
-           'save_state_dict', 'save_vision_model']
+__all__ = ['VISION_PREFIX', 'POSITION_IDS', 'VISION_MODEL_FILES', 'is_local_source', 'hub_revision', 'hub_offline',
+           'resolve_model_dir', 'LazyStateDict', 'vision_state_dict', 'vision_config', 'check_vision_state_dict',
+           'load_vision_model', 'save_state_dict', 'save_vision_model']
 
 # %% ../nbs/02_checkpoints.ipynb #f94184a7
 _HUB_PATTERNS = ['*.json', '*.safetensors', '*.txt', '*.model']
@@ -33,6 +33,12 @@ def is_local_source(source:str|Path)->bool:
     "Is `source` a filesystem path (starts with ./, ../, / or ~, or exists) rather than a hub id?"
     s = str(source)
     return isinstance(source, Path) or s.startswith(('./', '../', '/', '~')) or Path(s).exists()
+
+def hub_revision(source:str)->tuple[str, str|None]:
+    "(hub id, revision) of `owner/name@revision` (a branch, tag or commit); revision None when none is given."
+    repo, at, rev = str(source).partition('@')
+    if at and not rev.strip(): raise FusionError(f"{source!r}: no revision after '@' (write owner/name@commit, or leave '@' out)")
+    return repo, (rev.strip() or None)
 
 def hub_offline()->bool:
     "True when the Hugging Face Hub must not be contacted (`HF_HUB_OFFLINE` set now or when huggingface_hub was imported)."
@@ -60,6 +66,7 @@ def resolve_model_dir(source:str|Path, # hub id ('openai/clip-vit-base-patch32')
     from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
     source, offline = str(source), hub_offline()
+    if revision is None: source, revision = hub_revision(source)   # `owner/name@revision` in a profile
     def _get(patterns):
         return Path(snapshot_download(source, revision=revision, cache_dir=cache_dir, allow_patterns=patterns,
                                       local_files_only=offline))

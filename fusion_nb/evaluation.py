@@ -6,14 +6,14 @@ Docs: https://fusion-nb.github.io/fusion_nb/evaluation.html.md"""
 
 # %% ../nbs/06_evaluation.ipynb #0b8a7351
 from __future__ import annotations
-import math, weakref
+import contextlib, itertools, math, weakref
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 from transformers import CLIPModel, CLIPVisionModel
 
@@ -21,8 +21,8 @@ from .core import FusionError, HyperparameterError, NonFiniteError, UnknownNameE
 from .checkpoints import LazyStateDict
 
 # %% auto #0
-__all__ = ['COMBINE', 'zeroshot_head', 'task_head', 'ZeroShotClassifier', 'ImageTransform', 'image_loader', 'evaluate_task',
-           'evaluate']
+__all__ = ['COMBINE', 'AUTOCAST', 'zeroshot_head', 'task_head', 'ZeroShotClassifier', 'ImageTransform', 'image_loader',
+           'TaskBatches', 'task_batches', 'evaluate_task', 'evaluate']
 
 # %% ../nbs/06_evaluation.ipynb #c5a99209
 @torch.no_grad()
@@ -132,32 +132,69 @@ def image_loader(dataset, # HF dataset with `image` and `label`
     ds = dataset.with_transform(ImageTransform(processor), columns=['image', 'label'])
     return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)
 
+# %% ../nbs/06_evaluation.ipynb #5f4c6822
+class TaskBatches(Dataset):
+    "Item i: `(task, batch)`, the i-th batch of several tasks' datasets taken task by task (a batch never mixes tasks)."
+    def __init__(self,
+                 datasets:Mapping[str, object], # task → HF dataset with `image` and `label`, in evaluation order
+                 processor, # the pretrained model's image processor
+                 batch_size:int=128, # images per batch
+                ):
+        if batch_size < 1: raise HyperparameterError(f"batch_size={batch_size}: expected at least 1")
+        self.datasets = {t: ds.with_transform(ImageTransform(processor), columns=['image', 'label']) for t, ds in datasets.items()}
+        self.spans = [(t, i, min(i + batch_size, len(ds))) for t, ds in datasets.items() for i in range(0, len(ds), batch_size)]
+    def __len__(self)->int: return len(self.spans)
+    def __getitem__(self, i:int)->tuple[str, dict]:
+        t, start, stop = self.spans[i]
+        return t, self.datasets[t][start:stop]
+
+def task_batches(datasets:Mapping[str, object], processor, batch_size:int=128,
+                 num_workers:int=0, # DataLoader worker processes, shared by all the tasks
+                 pin_memory:bool=False, # pin batches (asynchronous copies to a GPU)
+                )->DataLoader:
+    "`(task, {'pixel_values', 'label'})` pairs of several tasks in one DataLoader (see `TaskBatches`)."
+    return DataLoader(TaskBatches(datasets, processor, batch_size), batch_size=None, shuffle=False,
+                      num_workers=num_workers, pin_memory=pin_memory)
+
 # %% ../nbs/06_evaluation.ipynb #3da78150
+AUTOCAST = {'none': None, 'bfloat16': torch.bfloat16, 'float16': torch.float16}   # the profile key `autocast`
+
+def _autocast(device:torch.device, autocast:str):
+    "The context of forward passes: `torch.autocast` to the named dtype, or nothing for 'none'."
+    if autocast not in AUTOCAST: raise HyperparameterError(f"autocast={autocast!r}: expected one of {', '.join(AUTOCAST)}")
+    return torch.autocast(device.type, dtype=AUTOCAST[autocast]) if AUTOCAST[autocast] else contextlib.nullcontext()
+
 @torch.no_grad()
 def evaluate_task(classifiers:Mapping[str, nn.Module], # model name → classifier returning log-probabilities
                   loader:DataLoader, # batches of {'pixel_values', 'label'} (or (pixel_values, labels) pairs)
                   device=None, # where to compute
                   progress:bool=True, # progress bar over batches
                   desc:str='eval', # progress bar label and name in messages (e.g. the task)
+                  autocast:str='none', # forward passes under torch.autocast: 'none', 'bfloat16' or 'float16'
                  )->dict[str, dict[str, float]]:
     "Accuracy and mean cross-entropy of every classifier over one pass of `loader`."
     device = get_device(device)
-    stats = {n: [0, 0.0] for n in classifiers}  # correct, summed loss
+    _autocast(device, autocast)   # a bad name fails before any data is read
+    # the sums stay on the device: no host sync per batch, so the GPU never idles while Python reads a number
+    acc_dtype = torch.float32 if device.type == 'mps' else torch.float64
+    correct = {n: torch.zeros((), dtype=torch.long, device=device) for n in classifiers}
+    loss = {n: torch.zeros((), dtype=acc_dtype, device=device) for n in classifiers}
     count = 0
     for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
         pixels, labels = (batch['pixel_values'], batch['label']) if isinstance(batch, Mapping) else batch
         pixels, labels = pixels.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         for name, clf in classifiers.items():
-            logp = clf(pixels)
-            stats[name][0] += int((logp.argmax(-1) == labels).sum())
-            stats[name][1] += float(F.nll_loss(logp.float(), labels, reduction='sum'))
+            with _autocast(device, autocast): logp = clf(pixels)
+            correct[name] += (logp.argmax(-1) == labels).sum()
+            loss[name] += F.nll_loss(logp.float(), labels, reduction='sum').to(acc_dtype)
         count += len(labels)
     if count == 0: raise FusionError(f"{desc}: the dataset is empty")
     out = {}
-    for n, (correct, loss) in stats.items():
-        if not math.isfinite(loss):
-            raise NonFiniteError(f"model {n!r} on {desc}: the cross-entropy is {loss} (non-finite outputs; check its weights)")
-        out[n] = {'accuracy': correct / count, 'loss': loss / count}
+    for n in classifiers:
+        total = float(loss[n])
+        if not math.isfinite(total):
+            raise NonFiniteError(f"model {n!r} on {desc}: the cross-entropy is {total} (non-finite outputs; check its weights)")
+        out[n] = {'accuracy': int(correct[n]) / count, 'loss': total / count}
     return out
 
 # %% ../nbs/06_evaluation.ipynb #97d01fcb
@@ -211,9 +248,11 @@ def evaluate(models:Mapping[str, object], # row name → pool name, CLIPVisionMo
              seed:int=0, # seed of the subsets
              progress:bool=True, # progress bars (tasks, batches)
              columns:Mapping|None=None, # constant key columns added to every record (e.g. method, hparams)
+             autocast:str='none', # forward passes under torch.autocast: 'none', 'bfloat16', 'float16' (the profile's `autocast`)
             )->pd.DataFrame:
     "Accuracy and loss of each model on each of its tasks, as tidy records (model, task, metric, value)."
     if combine not in COMBINE: raise HyperparameterError(f"combine={combine!r}: expected one of {', '.join(COMBINE)}")
+    _autocast(model_pool.device, autocast)
     columns = dict(columns or {})
     clash = [c for c in columns if c in ('model', 'task', 'metric', 'value')]
     if clash: raise FusionError(f"extra columns {clash} would overwrite the records' own columns")
@@ -223,14 +262,16 @@ def evaluate(models:Mapping[str, object], # row name → pool name, CLIPVisionMo
     cache = {}
     rows = {m: _row(x, model_pool, combine, cache, m) for m, x in models.items()}
     clip, device = model_pool.clip, model_pool.device
+    heads = {t: task_head(model_pool, task_pool[t]) for t in task_order}   # every prompt embedded before any image is read
+    data = {t: task_pool[t].load(max_samples=max_samples, seed=seed) for t in task_order}
+    loader = task_batches(data, model_pool.processor, batch_size, num_workers, pin_memory=device.type == 'cuda')
     records = []
-    for t in tqdm(task_order, desc='tasks', disable=not progress or len(task_order) < 2):
-        task = task_pool[t]
-        head = task_head(model_pool, task)
-        clfs = {m: ZeroShotClassifier(encs, clip.visual_projection, clip.logit_scale, head, comb, w).to(device)
+    by_task = itertools.groupby(loader, key=lambda pair: pair[0])   # one stream, split where the task changes
+    for t, pairs in tqdm(by_task, desc='tasks', total=len(task_order), disable=not progress or len(task_order) < 2):
+        clfs = {m: ZeroShotClassifier(encs, clip.visual_projection, clip.logit_scale, heads[t], comb, w).to(device)
                 for m, (encs, w, comb) in rows.items() if t in per[m]}
-        loader = image_loader(task.load(max_samples=max_samples, seed=seed), model_pool.processor, batch_size,
-                              num_workers, pin_memory=device.type == 'cuda')
-        for m, res in evaluate_task(clfs, loader, device, progress, desc=f'task {t!r}').items():
-            records += [{'model': m, 'task': t, 'metric': k, 'value': v, **columns} for k, v in res.items()]
+        res = evaluate_task(clfs, (batch for _, batch in pairs), device, progress, desc=f'task {t!r}', autocast=autocast)
+        records += [{'model': m, 'task': t, 'metric': k, 'value': v, **columns} for m, r in res.items() for k, v in r.items()]
+    empty = [t for t in task_order if t not in {r['task'] for r in records}]   # no batch at all: never reached evaluate_task
+    if empty: raise FusionError(f"task(s) {', '.join(map(repr, empty))}: the dataset is empty")
     return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value', *columns])

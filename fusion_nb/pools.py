@@ -17,7 +17,7 @@ from datasets import ClassLabel, Dataset, DatasetDict, load_dataset, load_from_d
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, CLIPVisionConfig, CLIPVisionModel
 
 from .core import FusionError, UnknownNameError, get_device, get_dtype
-from .checkpoints import (LazyStateDict, is_local_source, load_vision_model, resolve_model_dir, vision_config,
+from .checkpoints import (LazyStateDict, hub_revision, is_local_source, load_vision_model, resolve_model_dir, vision_config,
                                    vision_state_dict)
 from .catalog import CATALOG, class_names_for, templates_for
 
@@ -43,7 +43,8 @@ def check_schema(ds:Dataset, # one split of a task dataset
 
 def _hub_split(source:str, split:str, task:str)->Dataset:
     repo, _, config = source.partition(':')
-    try: return load_dataset(repo, config or None, split=split)
+    repo, revision = hub_revision(repo)   # `owner/name@revision:config`
+    try: return load_dataset(repo, config or None, split=split, revision=revision)
     except ValueError as e:
         if 'split' not in str(e).lower(): raise
         raise FusionError(f"dataset {source!r} of task {task!r} has no split {split!r}: {e}") from None

@@ -15,8 +15,9 @@ import torch
 from ..core import FusionError, UnknownNameError, get_device, get_dtype, project_root
 
 # %% auto #0
-__all__ = ['BUDGET_KEYS', 'SCRATCH', 'Profile', 'is_local', 'resolve_source', 'settings_path', 'list_profiles',
-           'declared_parameters', 'check_keys', 'load_profile', 'hub_reachable', 'missing_from_cache', 'prepare']
+__all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'SCRATCH', 'SWEEPS', 'Profile', 'is_local', 'resolve_source',
+           'settings_path', 'list_profiles', 'declared_parameters', 'check_keys', 'load_profile', 'hub_reachable',
+           'missing_from_cache', 'prepare', 'resolved_revisions']
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #fc87d834
 @dataclass
@@ -39,6 +40,9 @@ class Profile:
     seed:int = 42
     build:str = '' # builder of the project's own data run by `prepare` ('tiny', 'micro' or '')
     hub:bool = False # needs the Hugging Face Hub
+    autocast:str = 'none' # evaluation forward passes under autocast: 'none', 'bfloat16' or 'float16' (fusion_nb.evaluation)
+    cpus_per_experiment:float = 1.0 # CPUs one experiment asks of a Ray cluster (`--backend ray`)
+    gpus_per_experiment:float = 0.0 # GPUs one experiment asks of a Ray cluster (`--backend ray`)
     extra:dict[str, str] = field(default_factory=dict) # keys the library does not know, kept as strings
 
     def params(self)->dict:
@@ -60,11 +64,16 @@ class Profile:
 # %% ../../nbs/reproduce/90_profiles.ipynb #8bf79f1e
 _INT_KEYS = {'max_test_samples': 0, 'batch_size': 1, 'num_workers': 0, 'seed': 0}  # key → smallest valid value
 _KNOWN = {'description', 'pretrained', 'tasks', 'expert_template', 'dataset_template', 'class_names', 'test_split',
-          'max_test_samples', 'device', 'dtype', 'batch_size', 'num_workers', 'seed', 'build', 'hub'}
+          'max_test_samples', 'device', 'dtype', 'batch_size', 'num_workers', 'seed', 'build', 'hub', 'autocast',
+          'cpus_per_experiment', 'gpus_per_experiment'}
+# where an experiment runs, not what it computes: not part of an experiment's inputs (fusion_nb.reproduce.runner)
+PLACEMENT_KEYS = ('cpus_per_experiment', 'gpus_per_experiment')
+AUTOCAST = ('none', 'bfloat16', 'float16')
 # budgets of the data-based and test-time methods, read by fusion_nb.methods.rows (its FUSION_SETTINGS)
 BUDGET_KEYS = {'fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_batch_size', 'adamerging_steps', 'adamerging_lr',
                'concrete_ta_steps', 'concrete_lw_steps', 'concrete_lr', 'wemoe_steps', 'wemoe_lr'}
 SCRATCH = 'scratch'  # outputs/scratch/: notebooks run outside the runner write there; no profile may take the name
+SWEEPS = 'sweeps'    # outputs/sweeps/<profile>/<experiment>/: the points of `fusion-nb sweep`; no profile may take the name
 _TRUE, _FALSE = ('1', 'true', 'yes', 'on'), ('0', 'false', 'no', 'off', '')
 
 def is_local(source:str)->bool:
@@ -92,8 +101,8 @@ def _read(settings:str|Path|None)->tuple[configparser.ConfigParser, Path]:
         raise FusionError(f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} on line {line}; "
                           "save the file as UTF-8") from None
     except OSError as e: raise FusionError(f"cannot read {path}: {e.strerror or e}") from None
-    if SCRATCH in cp.sections():
-        raise FusionError(f"{path}: a profile cannot be named {SCRATCH!r}: outputs/{SCRATCH}/ holds notebook runs made outside the runner")
+    for reserved, what in ((SCRATCH, 'notebook runs made outside the runner'), (SWEEPS, 'the points of `fusion-nb sweep`')):
+        if reserved in cp.sections(): raise FusionError(f"{path}: a profile cannot be named {reserved!r}: outputs/{reserved}/ holds {what}")
     return cp, path
 
 def list_profiles(settings:str|Path|None=None)->list[str]:
@@ -149,6 +158,13 @@ def _parse(name:str, raw:dict, root:Path)->dict:
     if device != 'auto':
         try: torch.device(device)
         except (RuntimeError, TypeError): raise bad('device', "expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
+    for k in PLACEMENT_KEYS:
+        if k not in raw: continue
+        try: kw[k] = float(raw[k])
+        except ValueError: raise bad(k, 'expected a number') from None
+        if not kw[k] >= 0: raise bad(k, 'expected a number ≥ 0 (fractions share a device)')
+    autocast = raw.get('autocast', 'none').strip()
+    if autocast not in AUTOCAST: raise bad('autocast', f"expected one of {', '.join(AUTOCAST)}")
     dtype = raw.get('dtype', 'float32').strip()
     try: get_dtype(dtype)
     except FusionError as e: raise bad('dtype', str(e)) from None
@@ -161,7 +177,7 @@ def _parse(name:str, raw:dict, root:Path)->dict:
     return dict(pretrained=resolve_source(raw['pretrained'], root), tasks=tasks, experts=per_task('expert'),
                 datasets=per_task('dataset'), description=raw.get('description', '').strip(), class_names=cn,
                 test_split=raw.get('test_split', 'test').strip(), device=device, dtype=dtype,
-                build=raw.get('build', '').strip(), **kw)
+                build=raw.get('build', '').strip(), autocast=autocast, **kw)
 
 def load_profile(name:str|None=None, # profile (section of settings.ini); default 'tiny'
                  settings:str|Path|None=None, # settings.ini to read (default: the project's)
@@ -201,9 +217,11 @@ def hub_reachable(timeout:float=3.0, # seconds to wait for an answer, DNS includ
     return bool(answered)
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #7a13f573
-def _model_cached(repo:str, cache_dir=None)->bool:
+def _model_cached(source:str, cache_dir=None)->bool:
     from huggingface_hub import snapshot_download
-    try: d = Path(snapshot_download(repo, local_files_only=True, cache_dir=cache_dir))
+    from fusion_nb.checkpoints import hub_revision
+    repo, revision = hub_revision(source)
+    try: d = Path(snapshot_download(repo, revision=revision, local_files_only=True, cache_dir=cache_dir))
     except Exception: return False
     return any(d.glob('*.safetensors')) or any(d.glob('*.bin'))
 
@@ -211,7 +229,7 @@ def _dataset_cached(source:str, cache_dir=None)->bool:
     from datasets import config
     from datasets.naming import camelcase_to_snakecase
     repo, _, cfg = source.partition(':')
-    owner, _, ds = repo.rpartition('/')
+    owner, _, ds = repo.partition('@')[0].rpartition('/')
     folder = Path(cache_dir or config.HF_DATASETS_CACHE)/'___'.join(filter(None, [owner, camelcase_to_snakecase(ds)]))
     return any(Path(p).is_dir() for p in glob.glob(str(folder/(glob.escape(cfg) if cfg else '*')/'*'/'*')))
 
@@ -256,3 +274,21 @@ def prepare(profile:Profile, # the profile about to run
         from fusion_nb.tiny.build import build_benchmark  # the builder of the project's own data
         build_benchmark(scale=profile.build, root=profile.root, progress=progress)
     return profile
+
+# %% ../../nbs/reproduce/90_profiles.ipynb #3ae0dff4
+def resolved_revisions(profile:Profile, # the profile whose hub sources to look up
+                       hub_cache:str|Path|None=None, # default: huggingface_hub's cache
+                      )->dict[str, str|None]:
+    "Hub source → the commit its revision (default `main`) resolves to in the local cache; None when not cached."
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+    from fusion_nb.checkpoints import hub_revision
+    try: cached = {(r.repo_type, r.repo_id): r.revisions for r in scan_cache_dir(hub_cache).repos}
+    except CacheNotFound: cached = {}
+    out, src = {}, profile.hub_sources()
+    for kind, sources in (('model', src['models']), ('dataset', src['datasets'])):
+        for s in sources:
+            repo, revision = hub_revision(s.partition(':')[0] if kind == 'dataset' else s)
+            revision = revision or 'main'
+            out[s] = next((r.commit_hash for r in cached.get((kind, repo), ()) if revision == r.commit_hash or revision in r.refs), None)
+    return out

@@ -6,20 +6,21 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/runner.html.md"""
 
 # %% ../../nbs/reproduce/92_runner.ipynb #a15ca59f
 from __future__ import annotations
-import argparse, contextlib, datetime, hashlib, json, os, shutil, sys, time
+import argparse, ast, contextlib, datetime, hashlib, itertools, json, os, re, shutil, sys, time
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..core import FusionError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes, project_root, remove_stale_temps
-from .profiles import Profile, is_local, list_profiles, load_profile, prepare
+from .profiles import PLACEMENT_KEYS, SWEEPS, Profile, is_local, list_profiles, load_profile, prepare, resolved_revisions
 from .reports import write_report
 import fusion_nb
 
 # %% auto #0
-__all__ = ['experiments_dir', 'list_experiments', 'experiment_title', 'select_experiments', 'notebook_parameters',
+__all__ = ['BACKENDS', 'experiments_dir', 'list_experiments', 'experiment_title', 'select_experiments', 'notebook_parameters',
            'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache', 'data_fingerprint',
-           'experiment_inputs', 'why_rerun', 'recorded_failures', 'run_experiment', 'writable_profile_dir', 'reproduce',
-           'main']
+           'experiment_inputs', 'why_rerun', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
+           'run_experiment', 'ray_module', 'run_local', 'run_on_ray', 'run_jobs', 'check_backend',
+           'writable_profile_dir', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep', 'main']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #217cbc0a
 def experiments_dir(root:str|Path|None=None)->Path:
@@ -64,14 +65,22 @@ def notebook_parameters(path:str|Path)->dict:
     import papermill
     return papermill.inspect_notebook(str(path))
 
-def experiment_parameters(nb_path:str|Path, profile:Profile)->dict:
-    "The papermill parameters for a notebook: `profile` plus the profile values it declares (not `output_dir`)."
+def experiment_parameters(nb_path:str|Path, # the experiment notebook
+                          profile:Profile, # the profile it runs for
+                          overrides:Mapping|None=None, # values replacing the profile's (a sweep's point); each must be declared
+                         )->dict:
+    "The papermill parameters for a notebook: `profile` plus the profile values it declares (not `output_dir`), then `overrides`."
     declared = notebook_parameters(nb_path)
     if 'profile' not in declared or 'output_dir' not in declared:
         raise FusionError(f"experiment {Path(nb_path).stem!r}: its parameters cell (the cell tagged `parameters`) "
                           f"must declare `profile` and `output_dir`; it declares {', '.join(declared) or 'nothing'}")
+    settable = [k for k in declared if k not in ('profile', 'output_dir')]
+    undeclared = [k for k in (overrides or {}) if k not in settable]
+    if undeclared:   # papermill would inject them silently, and the notebook would ignore them
+        raise FusionError(f"experiment {Path(nb_path).stem!r} has no parameter {', '.join(map(repr, undeclared))}; "
+                          f"its parameters cell declares {', '.join(settable) or 'only profile and output_dir'}")
     values = profile.params()
-    return {'profile': profile.name, **{k: values[k] for k in declared if k in values and k not in ('name', 'profile', 'output_dir')}}
+    return {'profile': profile.name, **{k: values[k] for k in settable if k in values and k != 'name'}, **dict(overrides or {})}
 
 def _sha(obj)->str: return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -117,7 +126,7 @@ def experiment_inputs(nb_path:str|Path, # the experiment notebook
     "What an experiment's outputs depend on, with their `hash`."
     d = {'notebook': notebook_hash(nb_path), 'parameters': params, 'version': fusion_nb.__version__, 'package': package_hash()}
     if profile is not None:
-        d['profile'] = {k: v for k, v in vars(profile).items() if k != 'root'}
+        d['profile'] = {k: v for k, v in vars(profile).items() if k not in ('root', *PLACEMENT_KEYS)}   # not where it ran
         d['data'] = data_fingerprint(profile)
     d['hash'] = _sha(d)
     return d
@@ -170,30 +179,57 @@ def recorded_failures(profile_dir:str|Path)->dict[str, dict]:
         except (OSError, ValueError): out[m.name.removesuffix('.failed.json')] = {'error': f'(unreadable record {m})'}
     return out
 
+def experiment_paths(name:str, # experiment (notebook stem)
+                     profile:Profile, # profile it runs for
+                     output_root:str|Path|None=None, # default: <root>/outputs
+                     folder:str|Path|None=None, # its output folder, if not `<output_root>/<profile>/<name>` (a sweep's point)
+                    )->tuple[Path, Path, Path, Path]:
+    "(notebook, output folder, failed notebook, failure record): the failure files lie beside the output folder."
+    nb = experiments_dir(profile.root)/f'{name}.ipynb'
+    out = Path(folder).resolve() if folder else Path(output_root or profile.root/'outputs').resolve()/profile.name/name
+    return nb, out, out.with_name(f'{out.name}.failed.ipynb'), out.with_name(f'{out.name}.failed.json')
+
+def run_reason(name:str, profile:Profile, output_root:str|Path|None=None, force:bool=False,
+               overrides:Mapping|None=None, folder:str|Path|None=None)->tuple[str|None, dict]:
+    "(why experiment `name` must run, None when it is up to date; its inputs): what `run_experiment` decides on."
+    nb, out, _, marker = experiment_paths(name, profile, output_root, folder)
+    inputs = experiment_inputs(nb, experiment_parameters(nb, profile, overrides), profile)
+    why = 'forced' if force else 'it failed in an earlier run' if marker.exists() else why_rerun(out, inputs, hash_cache(profile))
+    return why, inputs
+
+def record_failure(name:str, profile:Profile, error:BaseException, output_root:str|Path|None=None,
+                   overrides:Mapping|None=None, folder:str|Path|None=None)->Path:
+    "Record a failure that happened outside the notebook (its process was killed): the next run retries it."
+    _, out, _, marker = experiment_paths(name, profile, output_root, folder)
+    _record_failure(marker, error, run_reason(name, profile, output_root, False, overrides, folder)[1])
+    return marker
+
 def run_experiment(name:str, # experiment (notebook stem)
                    profile:Profile, # profile to run it for
                    output_root:str|Path|None=None, # default: <root>/outputs
                    force:bool=False, # run even if the inputs did not change
                    progress:bool=True, # papermill's progress bar over the notebook's cells
                    log=print, # where progress lines go
+                   overrides:Mapping|None=None, # parameters replacing the profile's values (a sweep's point)
+                   folder:str|Path|None=None, # output folder (default: `<output_root>/<profile>/<name>`)
                   )->str:
-    "Run experiment `name` for `profile` into `<output_root>/<profile>/<name>/`; return 'skipped', 'ok' or 'failed'."
+    "Run experiment `name` for `profile` into its output folder; return 'skipped', 'ok' or 'failed'."
     import papermill
-    nb = experiments_dir(profile.root)/f'{name}.ipynb'
-    pdir = Path(output_root or profile.root/'outputs').resolve()/profile.name
-    out, failed_nb, marker = pdir/name, pdir/f'{name}.failed.ipynb', pdir/f'{name}.failed.json'
-    params = experiment_parameters(nb, profile)
-    inputs = experiment_inputs(nb, params, profile)
-    why = 'forced' if force else 'it failed in an earlier run' if marker.exists() else why_rerun(out, inputs, hash_cache(profile))
+    nb, out, failed_nb, marker = experiment_paths(name, profile, output_root, folder)
+    label = name if folder is None else out.name
+    why, inputs = run_reason(name, profile, output_root, force, overrides, folder)
     if why is None:
-        log(f"[{name}] up to date (inputs and outputs unchanged; --force reruns it)")
+        log(f"[{label}] up to date (inputs and outputs unchanged; --force reruns it)")
         return 'skipped'
-    log(f"[{name}] running for profile {profile.name!r} ({why}) ...")
+    log(f"[{label}] running for profile {profile.name!r} ({why}) ...")
     t0 = time.time()
     try:
-        with atomic_dir(out) as tmp, _env(FUSION_NB_ROOT=profile.root, OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')):   # PASSIVE: the kernel's OpenMP threads sleep, not spin, on a busy machine (same results)
+        # the kernel imports the fusion_nb whose sources `package_hash` fingerprinted, not another install;
+        # OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep, not spin, on a busy machine (same results)
+        pythonpath = os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
+        with atomic_dir(out) as tmp, _env(FUSION_NB_ROOT=profile.root, PYTHONPATH=pythonpath, OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')):
             try:
-                papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**params, 'output_dir': str(tmp)},
+                papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**inputs['parameters'], 'output_dir': str(tmp)},
                                            kernel_name='python3', cwd=str(nb.parent), progress_bar=progress)
             except BaseException:
                 if (tmp/'run.ipynb').exists(): atomic_write_text(failed_nb, (tmp/'run.ipynb').read_text())
@@ -201,18 +237,110 @@ def run_experiment(name:str, # experiment (notebook stem)
             # the executed notebook names its final folder, so that re-running it writes there
             atomic_write_text(tmp/'run.ipynb', (tmp/'run.ipynb').read_text().replace(str(tmp), str(out)))
             finished = datetime.datetime.now().isoformat(timespec='seconds')
+            revisions = resolved_revisions(profile) if any(profile.hub_sources().values()) else {}
             atomic_write_text(tmp/'inputs.json', json.dumps({**inputs, 'finished': finished, 'seconds': round(time.time() - t0, 1),
-                                                            'outputs': _output_hashes(tmp)}, indent=1, default=str))
+                                                            'hub_revisions': revisions, 'outputs': _output_hashes(tmp)},
+                                                           indent=1, default=str))
     except Exception as e:
         _record_failure(marker, e, inputs)
         where = f"executed notebook: {failed_nb}" if failed_nb.exists() else "no notebook was executed"
-        log(f"[{name}] FAILED after {time.time() - t0:.0f} s: {_last_line(e)}\n[{name}] {where}"
+        log(f"[{label}] FAILED after {time.time() - t0:.0f} s: {_last_line(e)}\n[{label}] {where}"
             + (f"; previous outputs kept in {out}" if out.exists() else ''))
         return 'failed'
     marker.unlink(missing_ok=True); failed_nb.unlink(missing_ok=True)
-    log(f"[{name}] done in {time.time() - t0:.0f} s → {out}")
+    log(f"[{label}] done in {time.time() - t0:.0f} s → {out}")
     return 'ok'
 
+# %% ../../nbs/reproduce/92_runner.ipynb #0f6cd052
+BACKENDS = ('local', 'ray')
+
+def ray_module():
+    "The `ray` module, or a FusionError saying how to install it."
+    try: import ray
+    except ImportError:
+        raise FusionError("the ray backend needs Ray, an optional dependency: pip install 'fusion_nb[ray]' "
+                          "(or pip install ray); the default backend, local, needs nothing") from None
+    return ray
+
+def run_local(jobs:Mapping[str, dict], # label → keyword arguments of `run_experiment` (name, overrides, folder)
+              profile:Profile, output_root:str|Path|None=None, force:bool=False, progress:bool=True, log=print,
+             )->dict[str, str]:
+    "Run the jobs one after the other in this process; label → status."
+    return {label: run_experiment(profile=profile, output_root=output_root, force=force, progress=progress, log=log, **job)
+            for label, job in jobs.items()}
+
+# %% ../../nbs/reproduce/92_runner.ipynb #9a1141f6
+_PASSED_ENV = ('FUSION_NB_ROOT', 'HF_HOME', 'HF_HUB_CACHE', 'HF_DATASETS_CACHE', 'HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE',
+               'HF_ENDPOINT', 'OMP_NUM_THREADS', 'OMP_WAIT_POLICY', 'FUSION_NB_BUILD_THREADS')
+
+def _ray_task(job:dict, profile:Profile, output_root, force:bool, env:dict)->tuple[str, list[str]]:
+    "Body of one Ray task: `run_experiment` in the worker; returns its status and log lines."
+    os.environ.update(env)
+    lines = []
+    status = run_experiment(profile=profile, output_root=output_root, force=force, progress=False, log=lines.append, **job)
+    return status, lines
+
+def _connect(ray, address:str|None, profile:Profile, log)->None:
+    "Join (or start) the Ray cluster; fail at once if one experiment asks for more than it has (it would wait forever)."
+    if not ray.is_initialized():   # else: a session the caller opened (tests, notebooks)
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        log(f"ray: {'connected to ' + address if address else 'local instance'}, resources {ray.cluster_resources()}")
+    have = ray.cluster_resources()
+    for key, res in (('gpus_per_experiment', 'GPU'), ('cpus_per_experiment', 'CPU')):
+        if getattr(profile, key) > have.get(res, 0):
+            raise FusionError(f"profile {profile.name!r}: {key} = {getattr(profile, key):g}, but the Ray cluster has "
+                              f"{have.get(res, 0):g} {res}(s); lower it in settings.ini or add nodes")
+
+def _submit(ray, jobs:Mapping[str, dict], profile:Profile, output_root, force:bool)->dict:
+    "Ray task per job with the profile's resources, the driver's environment and fusion_nb sources; ObjectRef → label."
+    env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
+    pythonpath = os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
+    task, options = ray.remote(_ray_task), dict(num_cpus=profile.cpus_per_experiment, num_gpus=profile.gpus_per_experiment,
+                                                 max_retries=0, runtime_env={'env_vars': {'PYTHONPATH': pythonpath}})
+    return {task.options(name=f'fusion-nb {label}', **options).remote(job, profile, output_root, force, env): label
+            for label, job in jobs.items()}
+
+# %% ../../nbs/reproduce/92_runner.ipynb #a5de7c33
+def run_on_ray(jobs:Mapping[str, dict], # label → keyword arguments of `run_experiment` (name, overrides, folder)
+               profile:Profile, output_root:str|Path|None=None, force:bool=False,
+               address:str|None=None, # a Ray cluster (`ray://...` or `host:port`); default: local / $RAY_ADDRESS
+               log=print)->dict[str, str]:
+    "Run the jobs as Ray tasks with the profile's resources; label → status (a killed task: 'failed', recorded)."
+    ray = ray_module()
+    _connect(ray, address, profile, log)
+    status, todo = {}, {}
+    for label, job in jobs.items():   # up to date: not submitted
+        if run_reason(profile=profile, output_root=output_root, force=force, **job)[0] is None:
+            log(f"[{label}] up to date (inputs and outputs unchanged; --force reruns it)"); status[label] = 'skipped'
+        else: todo[label] = job; log(f"[{label}] submitted to Ray")
+    refs = _submit(ray, todo, profile, output_root, force)
+    try:
+        while refs:
+            (done,), _ = ray.wait(list(refs), num_returns=1)
+            label = refs.pop(done)
+            try:
+                status[label], lines = ray.get(done)
+                for line in lines: log(line)
+            except ray.exceptions.RayError as e:   # the worker died, or the task could not start: the driver records it
+                marker = record_failure(profile=profile, error=e, output_root=output_root, **todo[label])
+                log(f"[{label}] FAILED: its Ray task did not finish ({type(e).__name__}: {_last_line(e)}); recorded in {marker}")
+                status[label] = 'failed'
+    except KeyboardInterrupt:
+        for ref in refs: ray.cancel(ref, force=True)
+        raise
+    return {label: status[label] for label in jobs}
+
+def run_jobs(jobs:Mapping[str, dict], profile:Profile, output_root:str|Path|None=None, force:bool=False,
+             progress:bool=True, log=print, backend:str='local', address:str|None=None)->dict[str, str]:
+    "Run the jobs on `backend` ('local' or 'ray'); label → status."
+    if backend == 'ray': return run_on_ray(jobs, profile, output_root, force, address, log)
+    if address: raise FusionError(f"--address is for the ray backend; the {backend!r} backend runs here")
+    return run_local(jobs, profile, output_root, force, progress, log)
+
+def check_backend(backend:str)->None:
+    "Fail before anything runs on an unknown backend, or on `ray` without Ray installed."
+    if backend not in BACKENDS: raise UnknownNameError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
+    if backend == 'ray': ray_module()
 
 # %% ../../nbs/reproduce/92_runner.ipynb #f892cbf6
 def writable_profile_dir(output_root:str|Path, # where profile folders go
@@ -237,15 +365,18 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
               settings:str|Path|None=None, # settings.ini (default: the project's)
               progress:bool=True, # progress bars (building, papermill)
               log=print, # where progress lines go
+              backend:str='local', # where experiments run: 'local' or 'ray' (see `run_jobs`)
+              address:str|None=None, # the Ray cluster (backend 'ray'; default: a local instance or $RAY_ADDRESS)
              )->dict[str, str]:
     "Run the experiments of a profile; write REPORT.md; return each experiment's status ('ok', 'skipped', 'failed')."
+    check_backend(backend)
     prof = load_profile(profile, settings=settings)
     names = select_experiments(list_experiments(prof.root), only)
     if not names: raise FusionError(f"no experiment notebooks in {experiments_dir(prof.root)}")
     for n in names: experiment_parameters(experiments_dir(prof.root)/f'{n}.ipynb', prof)
     pdir = writable_profile_dir(output_root or prof.root/'outputs', prof.name)
     prepare(prof, progress=progress, log=log)
-    status = {n: run_experiment(n, prof, output_root, force, progress, log) for n in names}
+    status = run_jobs({n: {'name': n} for n in names}, prof, output_root, force, progress, log, backend, address)
     failing = recorded_failures(pdir)
     report = write_report(pdir, prof, failed=list(failing))
     counts = {s: sum(v == s for v in status.values()) for s in ('ok', 'skipped', 'failed')}
@@ -254,7 +385,130 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
         + (f"; still failing from an earlier run: {', '.join(older)}" if older else '') + f"; report: {report}")
     return status
 
+# %% ../../nbs/reproduce/92_runner.ipynb #d8d70e6c
+def _typed(value:str, like, name:str):
+    "A command-line `value` for parameter `name`, typed like the value `like` (None: read as a Python literal, else text)."
+    default = repr(like)
+    if isinstance(like, bool):
+        v = value.strip().lower()
+        if v in ('1', 'true', 'yes', 'on'): return True
+        if v in ('0', 'false', 'no', 'off'): return False
+        raise FusionError(f"parameter {name!r}: {value!r} is not true or false (its default is {default})")
+    if isinstance(like, (int, float)):
+        try: return type(like)(value)
+        except ValueError:
+            raise FusionError(f"parameter {name!r}: {value!r} is not {'an integer' if isinstance(like, int) else 'a number'} "
+                              f"(its default is {default})") from None
+    if isinstance(like, str): return value
+    try: return ast.literal_eval(value)   # default None or a list: numbers, lists, None as written; text stays text
+    except (ValueError, SyntaxError): return value
+
+def _default(declared:dict, name:str, profile:Profile|None):
+    "The value parameter `name` has without a sweep: the notebook's literal default, else (None) the profile's value."
+    try: value = ast.literal_eval(declared[name].get('default') or 'None')
+    except (ValueError, SyntaxError): value = None   # an expression
+    return profile.params().get(name) if value is None and profile is not None else value
+
+def sweep_points(nb_path:str|Path, # the experiment notebook
+                 grid:Mapping[str, Sequence], # parameter → values (strings typed like the parameter's default, see `_default`)
+                 profile:Profile|None=None, # the profile whose values the notebook's None defaults stand for
+                )->list[dict]:
+    "The cartesian product of `grid`, in the given order: one dict of parameter values per point."
+    declared, stem = notebook_parameters(nb_path), Path(nb_path).stem
+    settable = [k for k in declared if k not in ('profile', 'output_dir')]
+    unknown = [k for k in grid if k not in settable]
+    if unknown: raise FusionError(f"experiment {stem!r} has no parameter {', '.join(map(repr, unknown))} to sweep; "
+                                  f"its parameters cell declares {', '.join(settable) or 'only profile and output_dir'}")
+    if not grid or any(len(vs) == 0 for vs in grid.values()):
+        raise FusionError(f"a sweep of {stem!r} needs at least one value for each parameter: got {dict(grid)}")
+    typed = {k: [_typed(v, _default(declared, k, profile), k) if isinstance(v, str) else v for v in vs] for k, vs in grid.items()}
+    return [dict(zip(typed, combo)) for combo in itertools.product(*typed.values())]
+
+def point_name(point:Mapping)->str:
+    "The folder of a sweep's point: `name=value` pairs joined by `,`, other characters than `\\w.=+,-` as `_`."
+    return re.sub(r'[^\w.=+,-]', '_', ','.join(f'{k}={v}' for k, v in point.items()))
+
+# %% ../../nbs/reproduce/92_runner.ipynb #ca743660
+def merge_sweep(sweep_dir:str|Path, # outputs/sweeps/<profile>/<experiment>
+                points:Mapping[str, dict], # point folder → its parameters (the points to merge)
+                log=print)->Path|None:
+    "Concatenate the points' results.csv, their parameters as first columns, into `<sweep_dir>/results.csv` (None: nothing to merge)."
+    import pandas as pd
+    frames = []
+    for folder, point in points.items():
+        f = Path(sweep_dir)/folder/'results.csv'
+        if not f.exists(): log(f"[{folder}] wrote no results.csv: not in the merged results"); continue
+        df = pd.read_csv(f)
+        for i, (k, v) in enumerate((k, v) for k, v in point.items() if k not in df.columns):
+            df.insert(i, k, [v] * len(df))   # a list value stays one cell per row
+        frames.append(df[[*point, *(c for c in df.columns if c not in point)]])
+    if not frames: return None
+    out = Path(sweep_dir)/'results.csv'
+    atomic_write_text(out, pd.concat(frames, ignore_index=True).to_csv(index=False))
+    return out
+
+def sweep(notebook:str, # the experiment: name, unique prefix or notebook path
+          grid:Mapping[str, Sequence], # parameter → values (see `sweep_points`)
+          profile:str|None=None, # profile name (default: tiny)
+          force:bool=False, # rerun up-to-date points
+          output_root:str|Path|None=None, # default: <root>/outputs
+          settings:str|Path|None=None, # settings.ini (default: the project's)
+          progress:bool=True, log=print,
+          backend:str='local', # 'local' or 'ray'
+          address:str|None=None, # the Ray cluster (backend 'ray')
+         )->dict[str, str]:
+    "Run one experiment per point of `grid`; merge the results; point folder → status ('ok', 'skipped', 'failed')."
+    check_backend(backend)
+    prof = load_profile(profile, settings=settings)
+    name, = select_experiments(list_experiments(prof.root), [Path(notebook).name])
+    nb = experiments_dir(prof.root)/f'{name}.ipynb'
+    grid_points = sweep_points(nb, grid, prof)
+    points = {point_name(p): p for p in grid_points}
+    if len(points) < len(grid_points): raise FusionError(f"two points of {dict(grid)} share a folder name; use distinct values")
+    for p in points.values(): experiment_parameters(nb, prof, p)
+    sdir = writable_profile_dir(Path(output_root or prof.root/'outputs')/SWEEPS, prof.name)/name
+    sdir.mkdir(exist_ok=True); remove_stale_temps(sdir)
+    prepare(prof, progress=progress, log=log)
+    jobs = {folder: {'name': name, 'overrides': p, 'folder': sdir/folder} for folder, p in points.items()}
+    status = run_jobs(jobs, prof, output_root, force, progress, log, backend, address)
+    merged = merge_sweep(sdir, {f: p for f, p in points.items() if status[f] != 'failed'}, log)
+    counts = {s: sum(v == s for v in status.values()) for s in ('ok', 'skipped', 'failed')}
+    log(f"sweep of {name}: {len(points)} point(s), {counts['ok']} ran, {counts['skipped']} up to date, {counts['failed']} failed; "
+        f"merged results: {merged or '(none)'}")
+    return status
+
 # %% ../../nbs/reproduce/92_runner.ipynb #f435fe86
+def _add_backend_options(p:argparse.ArgumentParser)->None:
+    p.add_argument('--backend', choices=BACKENDS, default='local',
+                   help='where experiments run: local (one after the other, here; default) or ray (Ray tasks asking for '
+                        "the profile's cpus_per_experiment/gpus_per_experiment; pip install 'fusion_nb[ray]')")
+    p.add_argument('--address', default=None, help='the Ray cluster to join (--backend ray; default: a local instance, or $RAY_ADDRESS)')
+
+def _add_sweep_parser(sub)->None:
+    s = sub.add_parser('sweep', help='run one experiment notebook over a grid of parameters; merge its results.csv')
+    s.add_argument('notebook', help='the experiment: name, unique prefix or notebook path')
+    s.add_argument('-p', '--param', nargs='+', action='append', required=True, metavar=('NAME', 'VALUE'),
+                   help='a parameter of the notebook and its values (repeat -p for a grid: every combination runs)')
+    s.add_argument('--profile', default='tiny', help='profile in settings.ini (default: tiny)')
+    s.add_argument('--force', action='store_true', help='rerun points whose inputs did not change')
+    s.add_argument('--output-root', default=None, help='where sweeps/<profile>/ goes (default: <project>/outputs)')
+    s.add_argument('--no-progress', action='store_true', help='no progress bars')
+    _add_backend_options(s)
+
+def _sweep_main(a)->int:
+    grid = {}
+    for name, *values in a.param:
+        if not values: raise FusionError(f"-p {name}: give the parameter's values after its name (-p {name} V1 V2 ...)")
+        if name in grid: raise FusionError(f"-p {name} is given twice; list all its values after one -p")
+        grid[name] = values
+    status = sweep(a.notebook, grid, a.profile, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address)
+    failed = [p for p, s in status.items() if s == 'failed']
+    if failed:
+        print(f"fusion-nb: {len(failed)} sweep point(s) failed: {', '.join(failed)} (their <point>.failed.ipynb beside the "
+              "point folders says why); the merged results.csv leaves them out", file=sys.stderr)
+        return 1
+    return 0
+
 def _parser()->argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog='fusion-nb', description='Reproduce the tables and figures of the fusion papers '
                                  'by running the experiment notebooks (nbs/experiments) for a profile of settings.ini.')
@@ -266,6 +520,8 @@ def _parser()->argparse.ArgumentParser:
     r.add_argument('--force', action='store_true', help='rerun experiments whose inputs did not change')
     r.add_argument('--output-root', default=None, help='where <profile>/ goes (default: <project>/outputs)')
     r.add_argument('--no-progress', action='store_true', help='no progress bars')
+    _add_backend_options(r)
+    _add_sweep_parser(sub)
     sub.add_parser('list', help='list profiles and experiments')
     g = sub.add_parser('merge', help='merge models as a mergekit-style YAML config says and export them with a model card '
                        '(fusion_nb.reproduce.merge_config)')
@@ -293,7 +549,8 @@ def main(argv:Sequence[str]|None=None)->int:
         if a.cmd == 'merge':
             from fusion_nb.reproduce.merge_config import run_merge   # the merge methods load only for this command
             run_merge(a.config, a.output, repo_id=a.push_to_hub, progress=not a.no_progress); return 0
-        status = reproduce(a.profile, a.only, a.force, a.output_root, progress=not a.no_progress)
+        if a.cmd == 'sweep': return _sweep_main(a)
+        status = reproduce(a.profile, a.only, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address)
     except FusionError as e:
         print(f"fusion-nb: error: {e}", file=sys.stderr); return 2
     except KeyboardInterrupt:
