@@ -325,3 +325,14 @@ def test_report_says_how_many_test_samples_each_run_used(project):
     report = (project/'outputs'/'demo'/'REPORT.md').read_text()
     sec = lambda name: report.split(f'## {name}')[1].split('\n## ')[0]
     assert 'on at most 5 test samples per task' in sec('00_ok') and 'on full test splits' in sec('01_flaky')
+
+def test_a_profile_runs_only_the_experiments_its_key_names(project):
+    (project/'settings.ini').write_text(SETTINGS + "[demo00]\npretrained = ./models/none\nexpert_template = ./models/none_{task}\n"
+                                        "dataset_template = ./datasets/{task}\nexperiments = 00\n[typo]\npretrained = ./m\nexperiments = 02\n")
+    lines = []
+    assert reproduce('demo00', log=lines.append, progress=False) == {'00_ok': 'ok'}   # 01_flaky is not one of its experiments
+    with pytest.raises(FusionError, match=r"profile 'demo00' does not run 01_flaky \(its experiments: 00_ok"):
+        reproduce('demo00', only=['01'], log=lines.append, progress=False)
+    with pytest.raises(FusionError, match=r"profile 'typo', key experiments: unknown experiment\(s\) '02'"):
+        reproduce('typo', log=lines.append, progress=False)
+    assert set(run(project)[0]) == {'00_ok', '01_flaky'}                               # no key: every experiment

@@ -43,6 +43,7 @@ class Profile:
     autocast:str = 'none' # evaluation forward passes under autocast: 'none', 'bfloat16' or 'float16' (fusion_nb.evaluation)
     cpus_per_experiment:float = 1.0 # CPUs one experiment asks of a Ray cluster (`--backend ray`)
     gpus_per_experiment:float = 0.0 # GPUs one experiment asks of a Ray cluster (`--backend ray`)
+    experiments:list[str] = field(default_factory=list) # the experiments this profile runs (names or unique prefixes); empty: all
     extra:dict[str, str] = field(default_factory=dict) # keys the library does not know, kept as strings
 
     def params(self)->dict:
@@ -65,7 +66,7 @@ class Profile:
 _INT_KEYS = {'max_test_samples': 0, 'batch_size': 1, 'num_workers': 0, 'seed': 0}  # key → smallest valid value
 _KNOWN = {'description', 'pretrained', 'tasks', 'expert_template', 'dataset_template', 'class_names', 'test_split',
           'max_test_samples', 'device', 'dtype', 'batch_size', 'num_workers', 'seed', 'build', 'hub', 'autocast',
-          'cpus_per_experiment', 'gpus_per_experiment'}
+          'cpus_per_experiment', 'gpus_per_experiment', 'experiments'}
 # where an experiment runs, not what it computes: not part of an experiment's inputs (fusion_nb.reproduce.runner)
 PLACEMENT_KEYS = ('cpus_per_experiment', 'gpus_per_experiment')
 AUTOCAST = ('none', 'bfloat16', 'float16')
@@ -177,7 +178,7 @@ def _parse(name:str, raw:dict, root:Path)->dict:
     return dict(pretrained=resolve_source(raw['pretrained'], root), tasks=tasks, experts=per_task('expert'),
                 datasets=per_task('dataset'), description=raw.get('description', '').strip(), class_names=cn,
                 test_split=raw.get('test_split', 'test').strip(), device=device, dtype=dtype,
-                build=raw.get('build', '').strip(), autocast=autocast, **kw)
+                build=raw.get('build', '').strip(), autocast=autocast, experiments=raw.get('experiments', '').split(), **kw)
 
 def load_profile(name:str|None=None, # profile (section of settings.ini); default 'tiny'
                  settings:str|Path|None=None, # settings.ini to read (default: the project's)

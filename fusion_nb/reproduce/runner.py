@@ -20,7 +20,8 @@ __all__ = ['BACKENDS', 'experiments_dir', 'list_experiments', 'experiment_title'
            'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache', 'data_fingerprint',
            'experiment_inputs', 'why_rerun', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
            'run_experiment', 'ray_module', 'run_local', 'run_on_ray', 'run_jobs', 'check_backend',
-           'writable_profile_dir', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep', 'main']
+           'writable_profile_dir', 'profile_experiments', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep',
+           'sweep', 'main']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #217cbc0a
 def experiments_dir(root:str|Path|None=None)->Path:
@@ -358,6 +359,19 @@ def writable_profile_dir(output_root:str|Path, # where profile folders go
     return pdir
 
 # %% ../../nbs/reproduce/92_runner.ipynb #a57c9864
+def profile_experiments(profile:Profile, # a loaded profile (its `experiments` key)
+                        only:Sequence[str]|None=None, # wanted ones, as for `select_experiments` (default: all the profile runs)
+                       )->list[str]:
+    "The experiments to run: `only` (or all) among those the profile's `experiments` key names (empty key: every notebook)."
+    everything = list_experiments(profile.root)
+    try: own = select_experiments(everything, profile.experiments or None)
+    except UnknownNameError as e: raise FusionError(f"profile {profile.name!r}, key experiments: {e}") from None
+    wanted = select_experiments(everything, only)
+    if only is not None and (outside := [n for n in wanted if n not in own]):
+        raise FusionError(f"profile {profile.name!r} does not run {', '.join(outside)} (its experiments: {', '.join(own)}; "
+                          "key experiments in settings.ini)")
+    return [n for n in wanted if n in own]
+
 def reproduce(profile:str|None=None, # profile name (default: tiny)
               only:Sequence[str]|None=None, # experiment names (default: all), see `select_experiments`
               force:bool=False, # rerun up-to-date experiments
@@ -371,7 +385,7 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
     "Run the experiments of a profile; write REPORT.md; return each experiment's status ('ok', 'skipped', 'failed')."
     check_backend(backend)
     prof = load_profile(profile, settings=settings)
-    names = select_experiments(list_experiments(prof.root), only)
+    names = profile_experiments(prof, only)
     if not names: raise FusionError(f"no experiment notebooks in {experiments_dir(prof.root)}")
     for n in names: experiment_parameters(experiments_dir(prof.root)/f'{n}.ipynb', prof)
     pdir = writable_profile_dir(output_root or prof.root/'outputs', prof.name)
