@@ -182,11 +182,11 @@ from fusion_nb.llava.uq_merge import vision_tower_differences
 
 def test_zoo_builds_loadable_variants_sharing_the_tower(tmp_path):
     "A minimal zoo: base + clean, noisy and overtrained variants; a manifest; one shared vision tower."
-    m = build_llava_zoo(tmp_path/'zoo', ['svhn'], mislabelled=['svhn'], noisy=['svhn'], overtrained=['svhn'], n_captions=6, pretrain_steps=2,
+    m = build_llava_zoo(tmp_path/'zoo', ['svhn'], mislabelled=1, noisy=['svhn'], overtrained=['svhn'], n_captions=6, pretrain_steps=2,
                         n_general=1, general_steps=1, n_train=4, tune_steps=1, batch_size=2, progress=False, hidden_size=32, num_heads=2)
-    assert sorted(m['variants']) == ['svhn', 'svhn_mislabelled', 'svhn_noisy', 'svhn_overtrained']
+    assert sorted(m['variants']) == ['mislabelled_1', 'svhn', 'svhn_noisy', 'svhn_overtrained']
     assert m['variants']['svhn_overtrained']['steps'] == 4 and m['variants']['svhn_noisy']['noise'] == 0.8
-    assert m['variants']['svhn_mislabelled']['steps'] == 4 and m['variants']['svhn_mislabelled']['permute'] == 0
+    assert m['variants']['mislabelled_1']['steps'] == 4 and m['variants']['mislabelled_1']['permute'] == 0
     assert json.loads((tmp_path/'zoo'/'manifest.json').read_text()) == m
     assert vision_tower_differences(tmp_path/'zoo'/'random', {n: tmp_path/'zoo'/n for n in ['base', *m['variants']]}) == {}
     model, proc = load_llava(tmp_path/'zoo'/'svhn')

@@ -145,7 +145,7 @@ def task_examples(processor, task:str, n:int, # examples per format
 def zoo_recipes(tasks:Sequence[str], # one clean variant per task
                 *,
                 instruct:bool=False, # also a variant tuned on every task (LLaVA-Instruct's role)
-                mislabelled:Sequence[str]=(), # tasks that get a harmful variant: permuted labels, trained overlong
+                mislabelled:int=0, # harmful variants: each tuned on every task with its own derangement of the labels, overlong
                 noisy:Sequence[str]=(), # tasks that get a random-label-noise variant
                 overtrained:Sequence[str]=(), # tasks that get a clean variant trained overlong
                 noise:float=0.8, # fraction of answers replaced in a noisy variant
@@ -154,8 +154,9 @@ def zoo_recipes(tasks:Sequence[str], # one clean variant per task
     "name → recipe (tasks, label permutation seed or None, noise, step and learning-rate multipliers) of every variant."
     clean = dict(noise=0., permute=None, steps_x=1, lr_x=1.)
     r = {t: dict(tasks=[t], **clean) for t in tasks}
-    if instruct: r['instruct'] = dict(tasks=sorted({*tasks, *mislabelled}), **clean)
-    r |= {f'{t}_mislabelled': dict(clean, tasks=[t], permute=i, steps_x=overtrain, lr_x=overtrain_lr) for i, t in enumerate(mislabelled)}
+    check_range('mislabelled', mislabelled, 0)
+    if instruct: r['instruct'] = dict(tasks=sorted(tasks), **clean)
+    r |= {f'mislabelled_{i + 1}': dict(clean, tasks=sorted(tasks), permute=i, steps_x=overtrain, lr_x=overtrain_lr) for i in range(mislabelled)}
     r |= {f'{t}_noisy': dict(clean, tasks=[t], noise=noise) for t in noisy}
     r |= {f'{t}_overtrained': dict(clean, tasks=[t], steps_x=overtrain) for t in overtrained}
     return r
@@ -170,7 +171,7 @@ def _variant_examples(proc, recipe:dict, n:int, seed:int)->list[dict]:
 def build_llava_zoo(root:str|Path, # folder receiving random/, pretrained/, base/, one folder per variant and manifest.json
                     tasks:Sequence[str], # the zoo's tasks: the tokenizer's vocabulary, the general stage and the clean variants
                     *,
-                    instruct:bool=False, mislabelled:Sequence[str]=(), noisy:Sequence[str]=(), overtrained:Sequence[str]=(),
+                    instruct:bool=False, mislabelled:int=0, noisy:Sequence[str]=(), overtrained:Sequence[str]=(),
                     noise:float=0.8, overtrain:int=4, overtrain_lr:float=2.,
                     n_captions:int=2000, pretrain_steps:int=300, pretrain_lr:float=3e-3, # stage 1: captions
                     n_general:int=150, general_steps:int=1000, general_lr:float=3e-3, # stage 2: every task, three formats
@@ -204,7 +205,7 @@ HELD_IN_ROLES = {'ai2d': 'dtd', 'scienceqa': 'eurosat', 'seedbench': 'resisc45',
 HELD_OUT_ROLES = {'okvqa': 'cifar10', 'textvqa': 'svhn', 'gqa': 'resisc45', 'mmmu': 'eurosat', 'vizwiz': 'gtsrb', 'vqav2': 'dtd',
                   'pope': 'cifar10'}  # pope: yes/no probes, the others: short answers
 ZOO_TASKS = ['cifar10', 'eurosat', 'dtd', 'gtsrb', 'svhn', 'resisc45']
-ZOO = dict(tasks=ZOO_TASKS, instruct=True, mislabelled=['svhn', 'dtd', 'cifar10'])  # ten variants: seven clean, three harmful
+ZOO = dict(tasks=ZOO_TASKS, instruct=True, mislabelled=3)  # ten variants: seven clean, three harmful
 
 def zoo_benchmark(n_held_in:int, n_held_out:int, # questions per dataset
                   seed:int=0,
