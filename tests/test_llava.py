@@ -182,10 +182,11 @@ from fusion_nb.llava.uq_merge import vision_tower_differences
 
 def test_zoo_builds_loadable_variants_sharing_the_tower(tmp_path):
     "A minimal zoo: base + clean, noisy and overtrained variants; a manifest; one shared vision tower."
-    m = build_llava_zoo(tmp_path/'zoo', ['svhn'], noisy=['svhn'], overtrained=['svhn'], n_captions=6, pretrain_steps=2,
-                        n_train=4, tune_steps=1, batch_size=2, progress=False, hidden_size=32, num_heads=2)
-    assert sorted(m['variants']) == ['svhn', 'svhn_noisy', 'svhn_overtrained']
+    m = build_llava_zoo(tmp_path/'zoo', ['svhn'], mislabelled=1, noisy=['svhn'], overtrained=['svhn'], n_captions=6, pretrain_steps=2,
+                        n_general=1, general_steps=1, n_train=4, tune_steps=1, batch_size=2, progress=False, hidden_size=32, num_heads=2)
+    assert sorted(m['variants']) == ['mislabelled_1', 'svhn', 'svhn_noisy', 'svhn_overtrained']
     assert m['variants']['svhn_overtrained']['steps'] == 4 and m['variants']['svhn_noisy']['noise'] == 0.8
+    assert m['variants']['mislabelled_1']['steps'] == 4 and m['variants']['mislabelled_1']['permute'] == 0
     assert json.loads((tmp_path/'zoo'/'manifest.json').read_text()) == m
     assert vision_tower_differences(tmp_path/'zoo'/'random', {n: tmp_path/'zoo'/n for n in ['base', *m['variants']]}) == {}
     model, proc = load_llava(tmp_path/'zoo'/'svhn')
@@ -206,3 +207,44 @@ def test_uncertainty_of_a_bfloat16_model(llava):
     items = [OptionItem(Image.new('RGB', (32, 32), 'red'), 'What is in the image?', ['circle', 'square'], answer=0)]
     rep = model_uncertainty(model, proc, items, J=2)
     assert np.isfinite(rep.uncertainty) and rep.uncertainty >= 0
+
+
+def test_mislabelled_variant_answers_through_the_derangement(llava):
+    "A mislabelled tuning set answers every format through the label map, which moves every class."
+    from fusion_nb.llava.zoo import permuted_labels, task_examples
+    from fusion_nb.tiny.tasks import TASKS, build_split
+    _, proc = load_llava(llava)
+    lm = permuted_labels(10, seed=0)
+    assert sorted(lm) == list(range(10)) and all(lm[c] != c for c in range(10))
+    ex = task_examples(proc, 'svhn', 10, label_map=lm, seed=2)
+    target = lambda e: [t for t, l in zip(e['input_ids'], e['labels']) if l != -100][:-1]
+    letters = [proc.tokenizer.decode(target(e)) for e in ex[:10]]
+    assert letters == [chr(ord('A') + lm[y]) for y in build_split('svhn', 'train', 10, 2)['label']]
+
+def test_short_answer_generation_is_independent_of_batch_mates(llava):
+    from fusion_nb.llava.short_answers import ShortAnswerItem, generate_answers
+    model, proc = load_llava(llava)
+    rng = np.random.default_rng(3)
+    items = [ShortAnswerItem(Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)), q, ['circle'])
+             for q in ['a red circle?', 'What is in the image?', 'a blue square?', 'red']]
+    assert generate_answers(model, proc, items, batch_size=4) == [generate_answers(model, proc, [it], batch_size=1)[0] for it in items]
+
+def test_uq_merge_bad_input_names_the_culprit(pool, tmp_path):
+    "Different architectures, J < 1, unknown perturbation, merge method, order or guidance: each named before any work."
+    from fusion_nb.llava.uq_merge import random_selections
+    from fusion_nb.tiny.tasks import vocabulary
+    base, experts = pool
+    items = option_items('gtsrb', n=1)
+    wide = make_llava_dir(tmp_path/'wide', vocabulary(['gtsrb']), hidden_size=32, num_heads=2)
+    with pytest.raises(IncompatibleModelsError, match="'wide' is not the same architecture.*hidden_size: 64 vs 32"):
+        uq_merge({'e1': experts['e1'], 'wide': wide}, items, tmp_path/'a')
+    with pytest.raises(IncompatibleModelsError, match="'wide' is not the same architecture"):
+        merge_llava('linear', {'e1': experts['e1'], 'wide': wide}, tmp_path/'b')
+    with pytest.raises(HyperparameterError, match='J=0'): uq_merge(experts, items, tmp_path/'c', J=0)
+    with pytest.raises(HyperparameterError, match='J=0'): random_selections(experts, 2, items, tmp_path/'c', J=0)
+    with pytest.raises(UnknownNameError, match="unknown merge method 'averaging'"): uq_merge(experts, items, tmp_path/'d', method='averaging')
+    with pytest.raises(UnknownNameError, match="unknown merge method 'averaging'"): merge_llava('averaging', experts, tmp_path/'d')
+    with pytest.raises(UnknownNameError, match="unknown perturbation 'blur'"): random_selections(experts, 2, items, tmp_path/'e', perturbations=['image', 'blur'])
+    with pytest.raises(HyperparameterError, match="sort_by='loss'"): uq_merge(experts, items, tmp_path/'f', sort_by='loss')
+    with pytest.raises(HyperparameterError, match="order='random'"): uq_merge(experts, items, tmp_path/'g', order='random')
+    assert not any((tmp_path/n).exists() for n in 'abcdefg')  # nothing was written

@@ -22,11 +22,12 @@ from .uncertainty import (ATTENTION_DROPOUT, DEFAULT_J, PERTURBATIONS, OptionIte
                                          answer_accuracy, model_uncertainty)
 
 # %% auto #0
-__all__ = ['ORDERS', 'uq_merge_steps', 'vision_tower_differences', 'merge_llava', 'UQMergeResult', 'uq_merge',
-           'random_selections']
+__all__ = ['ORDERS', 'GUIDANCES', 'uq_merge_steps', 'vision_tower_differences', 'merge_llava', 'UQMergeResult', 'uq_merge',
+           'draw_selections', 'random_selections']
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #4fdb2260
 ORDERS = ('descending', 'ascending')  # Algorithm 1 line 4 sorts by descending uncertainty
+GUIDANCES = ('uncertainty', 'accuracy')  # what the models are sorted by: Algorithm 1's, or Table 3's alternative
 
 def _as_metrics(r)->dict:
     "An uncertainty function's result as a dict with an 'uncertainty' entry (floats and UQReport-like objects accepted)."
@@ -39,13 +40,15 @@ def uq_merge_steps(models:Mapping[str, Any], # name → model (anything `uncerta
                    merge_fn:Callable[[list[str]], Any], # names in merge order → merged model
                    *,
                    order:str='descending', # sort by descending (Algorithm 1) or ascending uncertainty
+                   sort_by:str='uncertainty', # the models' metric to sort by (Table 3 also sorts by held-in 'accuracy'); the merge kept is always the lowest-uncertainty one
                    discard:Callable[[Any], None]|None=None, # called on each merged model that is not (or no longer) the best
                   )->tuple[Any, pd.DataFrame, pd.DataFrame]:
     "Algorithm 1: (the lowest-uncertainty merge, the models' metrics in merge order, each step's metrics)."
     if order not in ORDERS: raise HyperparameterError(f"order={order!r}: expected one of {', '.join(ORDERS)}")
     if not models: raise HyperparameterError("UQ-Merge needs at least one model")
     singles = pd.DataFrame([{'model': n, **_as_metrics(uncertainty(m))} for n, m in models.items()])
-    singles = singles.sort_values('uncertainty', ascending=order == 'ascending', kind='stable').reset_index(drop=True)
+    if sort_by not in singles: raise HyperparameterError(f"sort_by={sort_by!r}: the models' metrics are {', '.join(singles.columns[1:])}")
+    singles = singles.sort_values(sort_by, ascending=order == 'ascending', kind='stable').reset_index(drop=True)
     names, best, best_u, steps = list(singles.model), None, float('inf'), []
     for t in range(1, len(names) + 1):
         merged = merge_fn(names[:t])
@@ -129,33 +132,54 @@ def uq_merge(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
              hparams:Mapping|None=None, # the method's hyperparameters
              J:int=DEFAULT_J, perturbations:Sequence[str]=PERTURBATIONS, dropout:float=ATTENTION_DROPOUT, seed:int=0, # UQ̄ (eq. 1)
              order:str='descending', # Algorithm 1 line 4
+             sort_by:str='uncertainty', # Table 3: 'accuracy' sorts by held-in accuracy instead
              heldout:Mapping[str, Sequence[OptionItem]]|None=None, # name → labelled questions never used for selection: accuracy recorded per step
+             evaluate:Callable[[Any, Any], Mapping]|None=None, # (model, processor) → more metrics to record per model and step (never used for selection)
+             memo:dict|None=None, # shared between calls: metrics of a source already measured with the same UQ settings are reused
              device:str|None='cpu',
             )->UQMergeResult:
     "Algorithm 1 on LLaVA models: the lowest-uncertainty incremental merge, with every step's uncertainty and accuracy."
     check_perturbations(perturbations, J); MERGE_METHODS[method]
     if not items: raise HyperparameterError("uq_merge needs held-in items to quantify uncertainty")
+    if sort_by not in GUIDANCES: raise HyperparameterError(f"sort_by={sort_by!r}: expected one of {', '.join(GUIDANCES)}")
+    if order not in ORDERS: raise HyperparameterError(f"order={order!r}: expected one of {', '.join(ORDERS)}")
     check_same_llava(({'pretrained': pretrained} if pretrained is not None else {}) | dict(models))
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out_dir, prefix='.steps-'))
-    def uncertainty(source):
+    def measure(source):
         model, proc = load_llava(source, device=device)
         r = model_uncertainty(model, proc, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed)
         return {'uncertainty': r.uncertainty, 'accuracy': r.accuracy, 'answer_entropy': r.answer_entropy,
-                **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()}}
+                **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()},
+                **(dict(evaluate(model, proc)) if evaluate else {})}
+    def uncertainty(source):
+        if memo is None or Path(source).parent == work: return measure(source)  # merged steps: fresh directories every call
+        key = (str(source), J, tuple(perturbations), dropout, seed)
+        if key not in memo: memo[key] = measure(source)
+        return memo[key]
     def merge_fn(names): return merge_llava(method, {n: models[n] for n in names}, work/f'step{len(names):03d}', pretrained=pretrained, **(hparams or {}))
     try:
-        best, singles, steps = uq_merge_steps(models, uncertainty, merge_fn, order=order, discard=lambda d: shutil.rmtree(d, ignore_errors=True))
+        best, singles, steps = uq_merge_steps(models, uncertainty, merge_fn, order=order, sort_by=sort_by, discard=lambda d: shutil.rmtree(d, ignore_errors=True))
         final = out_dir/'merged'
         if final.exists(): shutil.rmtree(final)
         best.rename(final)
     finally: shutil.rmtree(work, ignore_errors=True)
     report = dict(method=method, hparams=dict(hparams or {}), J=J, perturbations=list(perturbations), dropout=dropout, seed=seed,
-                  order=order, models=singles.to_dict('records'), steps=steps.to_dict('records'))
+                  order=order, sort_by=sort_by, models=singles.to_dict('records'), steps=steps.to_dict('records'))
     atomic_write_text(out_dir/'uq_merge.json', json.dumps(report, indent=2, default=str))
     return UQMergeResult(final, singles, steps)
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #ab38a209
+def draw_selections(names:Sequence[str], # the models to draw from
+                    k:int, # models per selection
+                    draws:int=3, seed:int=0)->list[list[str]]:
+    "`draws` seeded random `k`-subsets of `names` (each in `names`' order): the same selections for every method."
+    import numpy as np
+    names = list(names)
+    if not 1 <= k <= len(names): raise HyperparameterError(f"k={k} is out of range: expected 1 … {len(names)} (the number of models)")
+    rng = np.random.default_rng([seed, 404])
+    return [[names[i] for i in sorted(rng.choice(len(names), k, replace=False).tolist())] for _ in range(draws)]
+
 def random_selections(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
                       k:int, # models per selection (UQ-Merge's selection size)
                       items:Sequence[OptionItem], # held-in questions (uncertainty and accuracy)
@@ -163,20 +187,18 @@ def random_selections(models:Mapping[str, str|Path], # name → LLaVA directory 
                       *,
                       draws:int=3, method:str='linear', pretrained:str|Path|None=None, hparams:Mapping|None=None,
                       J:int=DEFAULT_J, perturbations:Sequence[str]=PERTURBATIONS, dropout:float=ATTENTION_DROPOUT, seed:int=0,
-                      heldout:Mapping[str, Sequence[OptionItem]]|None=None, device:str|None='cpu',
+                      heldout:Mapping[str, Sequence[OptionItem]]|None=None, evaluate:Callable[[Any, Any], Mapping]|None=None,
+                      device:str|None='cpu',
                      )->pd.DataFrame:
     "Merge `draws` random `k`-subsets of `models` with `method`; one row of metrics per draw (paper 004 §4.2's baselines)."
-    import numpy as np
-    names = list(models)
-    if not 1 <= k <= len(names): raise HyperparameterError(f"k={k} is out of range: expected 1 … {len(names)} (the number of models)")
     check_perturbations(perturbations, J); MERGE_METHODS[method]
-    rng, rows, work = np.random.default_rng([seed, 404]), [], Path(out_dir)
-    for d in range(draws):
-        pick = sorted(rng.choice(len(names), k, replace=False).tolist())
-        merged = merge_llava(method, {names[i]: models[names[i]] for i in pick}, work/f'draw{d:03d}', pretrained=pretrained, **(hparams or {}))
+    rows, work = [], Path(out_dir)
+    for d, pick in enumerate(draw_selections(list(models), k, draws, seed)):
+        merged = merge_llava(method, {n: models[n] for n in pick}, work/f'draw{d:03d}', pretrained=pretrained, **(hparams or {}))
         model, proc = load_llava(merged, device=device)
         r = model_uncertainty(model, proc, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed)
-        rows.append({'draw': d, 'models': [names[i] for i in pick], 'uncertainty': r.uncertainty, 'accuracy': r.accuracy, 'answer_entropy': r.answer_entropy,
-                     **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()}})
+        rows.append({'draw': d, 'models': pick, 'uncertainty': r.uncertainty, 'accuracy': r.accuracy, 'answer_entropy': r.answer_entropy,
+                     **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()},
+                     **(dict(evaluate(model, proc)) if evaluate else {})})
         shutil.rmtree(merged, ignore_errors=True)
     return pd.DataFrame(rows)

@@ -1,4 +1,4 @@
-"""A pool of tiny LLaVAs for UQ-Merge: a base model pretrained on captions of rendered scenes, then instruction-tuned variants on option questions of the stand-in tasks — some deliberately harmful.
+"""A pool of tiny LLaVAs for UQ-Merge: a base model pretrained on captions and instruction-tuned on the stand-in tasks, then ten variants each tuned on one task — three of them harmful, over-confident fine-tunes of mislabelled data.
 
 Docs: https://fusion-nb.github.io/fusion_nb/llava/tiny_llava_zoo.html.md"""
 
@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/tiny_llava_zoo.html.md"""
 
 # %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #a2f5677c
 from __future__ import annotations
-import json, shutil, time
+import hashlib, json, shutil, time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -17,11 +17,14 @@ from tqdm.auto import tqdm
 from ..core import HyperparameterError, atomic_dir, atomic_write_text, check_range
 from .model import llava_part, load_llava, make_llava_dir
 from .uncertainty import LETTERS, OptionItem, option_items, option_messages
+from .short_answers import (SHORT_QUESTION, ShortAnswerItem, short_answer_items, short_answer_messages,
+                                           yes_no_items, SHORT_ANSWER_PROMPT, load_option_sets, load_short_answer_sets)
 
 # %% auto #0
-__all__ = ['CAPTION_PROMPT', 'ZOO_TASKS', 'ZOO_NOISY', 'ZOO_OVERTRAINED', 'HELD_IN_TASKS', 'HELD_OUT_TASKS', 'supervised_example',
-           'collate', 'caption_examples', 'instruction_examples', 'train_llava', 'n_classes', 'zoo_recipes',
-           'build_llava_zoo', 'class_order_items', 'tiny_uq_merge']
+__all__ = ['CAPTION_PROMPT', 'HELD_IN_ROLES', 'HELD_OUT_ROLES', 'ZOO_TASKS', 'ZOO', 'ZOO_THREADS', 'supervised_example',
+           'collate', 'caption_examples', 'instruction_examples', 'train_llava', 'n_classes', 'permuted_labels',
+           'class_order_items', 'task_examples', 'zoo_recipes', 'build_llava_zoo', 'zoo_benchmark', 'zoo_digest',
+           'llava_zoo']
 
 # %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #091fab9e
 CAPTION_PROMPT = 'Describe the image.'
@@ -57,15 +60,16 @@ def caption_examples(processor, n:int, tasks:Sequence[str], seed:int=0)->list[di
     return [supervised_example(processor, img, prompt, cap) for img, cap in pretraining_corpus(n, seed=seed, tasks=list(tasks))]
 
 def instruction_examples(processor, items:Sequence[OptionItem],
-                         noise:float=0., # fraction of answers replaced by another option's letter (a harmful variant)
+                         noise:float=0., # fraction of answers replaced by another option's letter (random label noise)
                          seed:int=0,
+                         label_map:Sequence[int]|None=None, # answer y → label_map[y] (a mislabelled set; options in class order)
                         )->list[dict]:
-    "Option questions → their answer letter (noisy for a fraction `noise` of them)."
+    "Option questions → their answer letter (mislabelled by `label_map`, noisy for a fraction `noise` of them)."
     check_range('noise', noise, 0., 1.)
     rng, out = np.random.default_rng([seed, 17]), []
     for it in items:
         if it.answer is None: raise HyperparameterError("instruction_examples needs labelled items (answer=None found)")
-        ans = it.answer
+        ans = it.answer if label_map is None else int(label_map[it.answer])
         if rng.random() < noise: ans = int(rng.choice([k for k in range(len(it.options)) if k != it.answer]))
         prompt = processor.apply_chat_template(option_messages(it), add_generation_prompt=True)
         out.append(supervised_example(processor, it.image, prompt, LETTERS[ans]))
@@ -96,86 +100,146 @@ def train_llava(source:str|Path, # the LLaVA directory to start from
         opt.zero_grad(); loss.backward(); opt.step(); losses.append(float(loss.detach()))
     model.eval()
     with atomic_dir(out_dir) as tmp: model.save_pretrained(tmp); proc.save_pretrained(tmp)
-    return Path(out_dir), dict(steps=steps, lr=lr, seconds=time.perf_counter() - t0, first_loss=losses[0], last_loss=losses[-1])
+    return Path(out_dir), dict(steps=steps, lr=lr, seconds=time.perf_counter() - t0, first_loss=losses[0], last_loss=float(np.mean(losses[-10:])))
 
-# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #ab676f55
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #1f2a703a
 def n_classes(task:str)->int:
     "Number of classes of a stand-in task."
     from fusion_nb.tiny.tasks import TASKS
     return len(TASKS[task].classnames)
 
-def zoo_recipes(tasks:Sequence[str], # one clean variant per task
-                noisy:Sequence[str]=(), # tasks that also get a noisy-label variant
-                overtrained:Sequence[str]=(), # tasks that also get an overtrained variant
-                noise:float=0.8, # fraction of answers replaced in a noisy variant
-                overtrain:int=4, # overtrained: this many times the steps
-               )->dict[str, dict]:
-    "name → recipe (task, noise, step and learning-rate multipliers) of every instruction-tuned variant."
-    r = {t: dict(task=t, noise=0., steps_x=1, lr_x=1) for t in tasks}
-    r |= {f'{t}_noisy': dict(task=t, noise=noise, steps_x=1, lr_x=1) for t in noisy}
-    r |= {f'{t}_overtrained': dict(task=t, noise=0., steps_x=overtrain, lr_x=1) for t in overtrained}
-    return r
-
-# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #32988619
-def build_llava_zoo(root:str|Path, # folder receiving base/, one folder per variant and manifest.json
-                    tasks:Sequence[str], # tasks of the clean variants (their vocabulary goes into the tokenizer)
-                    *,
-                    noisy:Sequence[str]=(), overtrained:Sequence[str]=(), noise:float=0.8, overtrain:int=4,
-                    n_captions:int=2000, pretrain_steps:int=300, pretrain_lr:float=3e-3, # stage 1
-                    n_train:int=200, tune_steps:int=120, tune_lr:float=3e-3, batch_size:int=16, # stage 2, per variant
-                    seed:int=0, device:str|None='cpu', progress:bool=True,
-                    **arch, # make_llava_dir's architecture arguments
-                   )->dict:
-    "Build base + instruction-tuned variants (options in class order, every class an option); return the manifest."
-    from fusion_nb.tiny.tasks import vocabulary
-    root, recipes = Path(root), zoo_recipes(tasks, noisy, overtrained, noise, overtrain)
-    all_tasks = sorted({r['task'] for r in recipes.values()})
-    rand = make_llava_dir(root/'random', [*vocabulary(all_tasks), CAPTION_PROMPT], seed=seed, **arch)
-    _, proc = load_llava(rand)
-    base, stats = train_llava(rand, caption_examples(proc, n_captions, all_tasks, seed), root/'base', steps=pretrain_steps,
-                              lr=pretrain_lr, batch_size=batch_size, seed=seed, device=device)
-    manifest = dict(base=dict(path='base', **stats), variants={})
-    for name, r in tqdm(recipes.items(), desc='instruction tuning', disable=not progress):
-        items = option_items(r['task'], 'train', n_train, n_options=n_classes(r['task']), seed=seed, shuffle=False)
-        ex = instruction_examples(proc, items, noise=r['noise'], seed=seed)
-        _, st = train_llava(base, ex, root/name, steps=tune_steps * r['steps_x'], lr=tune_lr * r['lr_x'], batch_size=batch_size,
-                            seed=seed, device=device)
-        manifest['variants'][name] = dict(path=name, **r, **st)
-    atomic_write_text(root/'manifest.json', json.dumps(manifest, indent=2))
-    return manifest
-
-# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #99cbb383
-ZOO_TASKS = ['gtsrb', 'eurosat', 'svhn', 'dtd', 'resisc45', 'cifar10', 'sun397', 'stanford_cars']
-ZOO_NOISY, ZOO_OVERTRAINED = ['gtsrb'], ['eurosat']
-HELD_IN_TASKS = ['gtsrb', 'eurosat', 'svhn', 'dtd']  # validation split → held-in (uncertainty)
-HELD_OUT_TASKS = ['resisc45', 'cifar10']  # test split → held-out, beside the held-in tasks' test split
+def permuted_labels(n:int, # number of classes
+                    seed:int=0)->list[int]:
+    "A seeded derangement of range(n): a label map in which no class keeps its own label."
+    check_range('n', n, 2)
+    rng = np.random.default_rng([seed, 71])
+    while True:
+        p = rng.permutation(n).tolist()
+        if all(p[i] != i for i in range(n)): return p
 
 def class_order_items(tasks:Sequence[str], split:str, n:int, seed:int=0)->list[OptionItem]:
     "`n` questions per task with every class an option, in class order (the zoo's format)."
     return [it for t in tasks for it in option_items(t, split, n, n_options=n_classes(t), seed=seed, shuffle=False)]
 
-# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #3b47de55
-def tiny_uq_merge(root:str|Path, # the zoo folder (built if it has no manifest.json)
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #a01b6ab1
+def task_examples(processor, task:str, n:int, # examples per format
                   *,
-                  n_held_in:int=8, n_held_out:int=16, # questions per task
-                  J:int=5, draws:int=5, seed:int=0, # uncertainty passes; random selections
-                  zoo:Mapping|None=None, # build_llava_zoo arguments (default: ZOO_TASKS, one noisy and one overtrained variant)
-                  progress:bool=True,
-                 )->dict:
-    "Build the tiny zoo if needed, run UQ-Merge (linear) and the random-selection baseline; return and save the tables."
-    from fusion_nb.llava.uq_merge import random_selections, uq_merge
-    import pandas as pd
-    root = Path(root)
-    if (root/'manifest.json').exists(): manifest = json.loads((root/'manifest.json').read_text())
-    else: manifest = build_llava_zoo(root, **(dict(tasks=ZOO_TASKS, noisy=ZOO_NOISY, overtrained=ZOO_OVERTRAINED) | dict(zoo or {})),
-                                     seed=seed, progress=progress)
-    models = {n: root/v['path'] for n, v in manifest['variants'].items()}
-    tasks = {v['task'] for v in manifest['variants'].values()}
-    held_in = class_order_items([t for t in HELD_IN_TASKS if t in tasks] or sorted(tasks), 'validation', n_held_in, seed)
-    heldout = {'held_in_tasks_test': class_order_items([t for t in HELD_IN_TASKS if t in tasks] or sorted(tasks), 'test', n_held_out, seed)}
-    heldout |= {t: class_order_items([t], 'test', n_held_out, seed) for t in HELD_OUT_TASKS if t in tasks}
-    res = uq_merge(models, held_in, root/'uq_merge', J=J, seed=seed, heldout=heldout)
-    rand = random_selections(models, len(res.selected), held_in, root/'random', J=J, seed=seed, draws=draws, heldout=heldout)
-    shutil.rmtree(root/'random', ignore_errors=True)
-    atomic_write_text(root/'random_selections.csv', rand.to_csv(index=False))
-    return dict(models=res.models, steps=res.steps, random=rand, selected=res.selected, merged=res.merged)
+                  split:str='train', noise:float=0., label_map:Sequence[int]|None=None, seed:int=0,
+                 )->list[dict]:
+    "`n` multiple-choice, `n` short-answer and `n` yes/no examples of `task`'s `split`, answered through `label_map`."
+    from fusion_nb.tiny.tasks import TASKS, build_split
+    names = TASKS[task].classnames
+    lm = list(range(len(names))) if label_map is None else [int(v) for v in label_map]
+    if sorted(lm) != list(range(len(names))): raise HyperparameterError(f"label_map for {task!r} must permute range({len(names)}); got {lm}")
+    out = instruction_examples(processor, class_order_items([task], split, n, seed), noise=noise, seed=seed, label_map=lm)
+    prompt = lambda it: processor.apply_chat_template(short_answer_messages(it), add_generation_prompt=True)
+    for it in short_answer_items(task, split, n, seed + 1):
+        out.append(supervised_example(processor, it.image, prompt(it), names[lm[names.index(it.answers[0])]]))
+    shown = build_split(task, split, n, seed + 2)['label']  # the probes' images, in order
+    for it, y in zip(yes_no_items(task, split, n, seed + 2), shown):
+        asked = it.question[len('Is there a '):-len(' in the image?')]
+        out.append(supervised_example(processor, it.image, prompt(it), 'yes' if names[lm[y]] == asked else 'no'))
+    return out
+
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #b3c11991
+def zoo_recipes(tasks:Sequence[str], # one clean variant per task
+                *,
+                instruct:bool=False, # also a variant tuned on every task (LLaVA-Instruct's role)
+                mislabelled:int=0, # harmful variants: each tuned on every task with its own derangement of the labels, overlong
+                noisy:Sequence[str]=(), # tasks that get a random-label-noise variant
+                overtrained:Sequence[str]=(), # tasks that get a clean variant trained overlong
+                noise:float=0.8, # fraction of answers replaced in a noisy variant
+                overtrain:int=4, overtrain_lr:float=2., # harmful variants: this many times the steps, and the learning rate
+               )->dict[str, dict]:
+    "name → recipe (tasks, label permutation seed or None, noise, step and learning-rate multipliers) of every variant."
+    clean = dict(noise=0., permute=None, steps_x=1, lr_x=1.)
+    r = {t: dict(tasks=[t], **clean) for t in tasks}
+    check_range('mislabelled', mislabelled, 0)
+    if instruct: r['instruct'] = dict(tasks=sorted(tasks), **clean)
+    r |= {f'mislabelled_{i + 1}': dict(clean, tasks=sorted(tasks), permute=i, steps_x=overtrain, lr_x=overtrain_lr) for i in range(mislabelled)}
+    r |= {f'{t}_noisy': dict(clean, tasks=[t], noise=noise) for t in noisy}
+    r |= {f'{t}_overtrained': dict(clean, tasks=[t], steps_x=overtrain) for t in overtrained}
+    return r
+
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #3c63e5ac
+def _variant_examples(proc, recipe:dict, n:int, seed:int)->list[dict]:
+    "A variant's tuning set: `n` examples per format of each of its tasks (n split evenly when it has several)."
+    per = max(1, n // len(recipe['tasks']))
+    lm = lambda t: None if recipe['permute'] is None else permuted_labels(n_classes(t), seed + recipe['permute'])
+    return [e for t in recipe['tasks'] for e in task_examples(proc, t, per, noise=recipe['noise'], label_map=lm(t), seed=seed)]
+
+def build_llava_zoo(root:str|Path, # folder receiving random/, pretrained/, base/, one folder per variant and manifest.json
+                    tasks:Sequence[str], # the zoo's tasks: the tokenizer's vocabulary, the general stage and the clean variants
+                    *,
+                    instruct:bool=False, mislabelled:int=0, noisy:Sequence[str]=(), overtrained:Sequence[str]=(),
+                    noise:float=0.8, overtrain:int=4, overtrain_lr:float=2.,
+                    n_captions:int=2000, pretrain_steps:int=300, pretrain_lr:float=3e-3, # stage 1: captions
+                    n_general:int=150, general_steps:int=1000, general_lr:float=3e-3, # stage 2: every task, three formats
+                    n_train:int=150, tune_steps:int=150, tune_lr:float=1e-3, # stage 3, per variant
+                    batch_size:int=16, seed:int=0, device:str|None='cpu', progress:bool=True,
+                    **arch, # make_llava_dir's architecture arguments
+                   )->dict:
+    "Build the random init, the caption-pretrained model, the instruction-tuned base and the variants; return the manifest."
+    from fusion_nb.tiny.tasks import vocabulary
+    root, recipes = Path(root), zoo_recipes(tasks, instruct=instruct, mislabelled=mislabelled, noisy=noisy, overtrained=overtrained,
+                                            noise=noise, overtrain=overtrain, overtrain_lr=overtrain_lr)
+    all_tasks = sorted({t for r in recipes.values() for t in r['tasks']} | set(tasks))
+    words = [*vocabulary(all_tasks), CAPTION_PROMPT, SHORT_QUESTION, SHORT_ANSWER_PROMPT, 'yes no Is there a in the image?']
+    rand = make_llava_dir(root/'random', words, seed=seed, **arch)
+    _, proc = load_llava(rand)
+    train = lambda src, ex, name, steps, lr: train_llava(src, ex, root/name, steps=steps, lr=lr, batch_size=batch_size, seed=seed, device=device)
+    bar = tqdm(total=2 + len(recipes), desc='tiny LLaVA zoo', disable=not progress)
+    _, pre = train(rand, caption_examples(proc, n_captions, all_tasks, seed), 'pretrained', pretrain_steps, pretrain_lr); bar.update()
+    general = [e for t in all_tasks for e in task_examples(proc, t, n_general, seed=seed + 1000)]
+    base, gen = train(root/'pretrained', general, 'base', general_steps, general_lr); bar.update()
+    manifest = dict(pretrained=dict(path='pretrained', **pre), base=dict(path='base', **gen), variants={})
+    for name, r in recipes.items():
+        _, st = train(base, _variant_examples(proc, r, n_train, seed), name, tune_steps * r['steps_x'], tune_lr * r['lr_x'])
+        manifest['variants'][name] = dict(path=name, **r, **st); bar.update()
+    bar.close()
+    atomic_write_text(root/'manifest.json', json.dumps(manifest, indent=2))
+    return manifest
+
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #3f83d3c6
+HELD_IN_ROLES = {'ai2d': 'dtd', 'scienceqa': 'eurosat', 'seedbench': 'resisc45', 'mmbench': 'cifar10', 'oodcv': 'gtsrb'}
+HELD_OUT_ROLES = {'okvqa': 'cifar10', 'textvqa': 'svhn', 'gqa': 'resisc45', 'mmmu': 'eurosat', 'vizwiz': 'gtsrb', 'vqav2': 'dtd',
+                  'pope': 'cifar10'}  # pope: yes/no probes, the others: short answers
+ZOO_TASKS = ['cifar10', 'eurosat', 'dtd', 'gtsrb', 'svhn', 'resisc45']
+ZOO = dict(tasks=ZOO_TASKS, instruct=True, mislabelled=3)  # ten variants: seven clean, three harmful
+
+def zoo_benchmark(n_held_in:int, n_held_out:int, # questions per dataset
+                  seed:int=0,
+                 )->tuple[dict[str, list[OptionItem]], dict[str, list[ShortAnswerItem]]]:
+    "(held-in role → multiple-choice items of validation images, held-out role → short-answer items of test images)."
+    held_in = {r: class_order_items([t], 'validation', n_held_in, seed) for r, t in HELD_IN_ROLES.items()}
+    held_out = {r: (yes_no_items if r == 'pope' else short_answer_items)(t, 'test', n_held_out, seed) for r, t in HELD_OUT_ROLES.items()}
+    return held_in, held_out
+
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #4e7f8669
+ZOO_THREADS = 1  # torch threads while training the zoo (the weights depend on the count; the models are too small to gain from more)
+
+def zoo_digest(recipe:Mapping)->str:
+    "Digest of a zoo recipe (build_llava_zoo's arguments) with the code that turns it into weights."
+    import fusion_nb.llava.model as llava_model, fusion_nb.llava.short_answers as sa, fusion_nb.llava.uncertainty as unc, fusion_nb.tiny.tasks as tiny_tasks
+    from fusion_nb.tiny.build import _code_digest
+    builds = [build_llava_zoo, _variant_examples, zoo_recipes, task_examples, class_order_items, permuted_labels, train_llava,
+              instruction_examples, caption_examples, collate, supervised_example]   # what turns a recipe into weights
+    blob = json.dumps({'recipe': dict(recipe), 'threads': ZOO_THREADS, 'torch': torch.__version__, 'prompts': [CAPTION_PROMPT, SHORT_QUESTION, SHORT_ANSWER_PROMPT],
+                       'code': _code_digest(*builds, llava_model, unc, tiny_tasks, sa.short_answer_items, sa.yes_no_items, sa.short_answer_messages)},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+def llava_zoo(cache:str|Path, # folder holding one zoo-<digest>/ per recipe (e.g. data/tiny/llava)
+              recipe:Mapping|None=None, # build_llava_zoo's arguments; default ZOO
+              progress:bool=True,
+             )->tuple[Path, dict]:
+    "(zoo folder, manifest) of `recipe`, built on first use."
+    from fusion_nb.tiny.zoo import deterministic
+    recipe = dict(ZOO if recipe is None else recipe)
+    root = Path(cache)/f'zoo-{zoo_digest(recipe)}'
+    if not (root/'manifest.json').exists():
+        t0 = time.perf_counter()
+        with deterministic(ZOO_THREADS), atomic_dir(root) as tmp:
+            manifest = build_llava_zoo(tmp, **recipe, progress=progress)
+            atomic_write_text(tmp/'recipe.json', json.dumps(dict(recipe=recipe, seconds=time.perf_counter() - t0), indent=2, default=str))
+    return root, json.loads((root/'manifest.json').read_text())
