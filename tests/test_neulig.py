@@ -143,3 +143,14 @@ def test_bad_inputs_are_named(micro):
         NeuLigModel(pre, {'shapes': experts['shapes'], 'colors': other}, micro['models'].config)
     with pytest.raises(HyperparameterError, match='needs `data`'): merge('neulig', pre, experts)
     assert MERGE_METHODS['neulig'].kind == 'data-based'
+
+def test_balance_term_acts_only_in_the_semi_supervised_setting(micro):
+    "The usage-balance term changes what semi-supervised training learns, and nothing in the supervised setting."
+    def trained(setting, balance):
+        torch.manual_seed(1)   # the same Portland initialisation for every call
+        m = _model(micro, perturb=False)
+        train_portland(m, micro['data'], setting=setting, balance=balance, steps=2, lr=5e-2, batch_size=4, progress=False)
+        return torch.cat([p.detach().flatten() for p in m.portland.parameters()])
+    assert (trained('semi-supervised', 0.0) - trained('semi-supervised', 5.0)).abs().max() > 1e-4
+    torch.testing.assert_close(trained('supervised', 0.0), trained('supervised', 5.0))
+    with pytest.raises(HyperparameterError, match='balance'): train_portland(_model(micro), micro['data'], balance=-1, steps=1)
