@@ -25,12 +25,13 @@ from .methods.regmean import regmean
 from .methods.adamerging import task_wise_adamerging, layer_wise_adamerging
 from .methods.concrete import concrete_task_arithmetic, concrete_layer_wise_adamerging
 from .methods.we_moe import weight_ensembling_moe
+from .neulig.neulig import neulig   # paper 001: merges and ensembles with one learned CoopVec per sample
 
 _all_ = ['MERGE_METHODS', 'MergeMethod', 'MergedStateDict', 'merge_streaming', 'simple_average', 'weighted_average', 'uniform_soup',
          'greedy_soup', 'soup_grid_search', 'affine_grid', 'task_arithmetic', 'ties_merging', 'ties', 'ties_thresholds',
          'dare_task_arithmetic', 'dare_ties', 'della', 'model_stock', 'slerp', 'wise_ft', 'ensemble',
          'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean', 'task_wise_adamerging', 'layer_wise_adamerging',
-         'concrete_task_arithmetic', 'concrete_layer_wise_adamerging', 'weight_ensembling_moe']
+         'concrete_task_arithmetic', 'concrete_layer_wise_adamerging', 'weight_ensembling_moe', 'neulig']
 
 
 # %% auto #0
@@ -39,7 +40,7 @@ __all__ = ['method_defaults', 'methods_table', 'merge', 'MERGE_METHODS', 'MergeM
            'task_arithmetic', 'ties_merging', 'ties', 'ties_thresholds', 'dare_task_arithmetic', 'dare_ties', 'della',
            'model_stock', 'slerp', 'wise_ft', 'ensemble', 'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean',
            'task_wise_adamerging', 'layer_wise_adamerging', 'concrete_task_arithmetic',
-           'concrete_layer_wise_adamerging', 'weight_ensembling_moe']
+           'concrete_layer_wise_adamerging', 'weight_ensembling_moe', 'neulig']
 
 # %% ../nbs/29_merge.ipynb #b34bb2e5
 def method_defaults(name:str, # registered method name (or alias)

@@ -72,7 +72,8 @@ PLACEMENT_KEYS = ('cpus_per_experiment', 'gpus_per_experiment')
 AUTOCAST = ('none', 'bfloat16', 'float16')
 # budgets of the data-based and test-time methods, read by fusion_nb.methods.rows (its FUSION_SETTINGS)
 BUDGET_KEYS = {'fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_batch_size', 'adamerging_steps', 'adamerging_lr',
-               'concrete_ta_steps', 'concrete_lw_steps', 'concrete_lr', 'wemoe_steps', 'wemoe_lr'}
+               'concrete_ta_steps', 'concrete_lw_steps', 'concrete_lr', 'wemoe_steps', 'wemoe_lr',
+               'neulig_steps', 'neulig_lr', 'neulig_batch_size'}
 SCRATCH = 'scratch'  # outputs/scratch/: notebooks run outside the runner write there; no profile may take the name
 SWEEPS = 'sweeps'    # outputs/sweeps/<profile>/<experiment>/: the points of `fusion-nb sweep`; no profile may take the name
 _TRUE, _FALSE = ('1', 'true', 'yes', 'on'), ('0', 'false', 'no', 'off', '')
