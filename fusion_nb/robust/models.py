@@ -8,7 +8,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/robust/models.html.md"""
 from __future__ import annotations
 import json, math, time
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -18,10 +18,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core import FusionError, HyperparameterError, UnknownNameError, atomic_dir, check_range, seed_everything
-from .attacks import apgd, budget, check_norm
+from .attacks import apgd, budget, check_eps, check_norm
 
 # %% auto #0
-__all__ = ['convnet', 'to_tensors', 'cifar10_standin', 'lr_at', 'adversarial_train', 'build_robust_models', 'load_robust_models']
+__all__ = ['convnet', 'to_tensors', 'cifar10_standin', 'lr_at', 'training_attacks', 'perturb_batch', 'adversarial_train',
+           'build_robust_models', 'load_robust_models']
 
 # %% ../../nbs/robust/52_models.ipynb #3b1890ca
 def convnet(width:int=16, # channels of the first stage (then 2w, 4w)
@@ -60,37 +61,73 @@ def lr_at(step:int, # optimizer step (0-based)
     if step < warm: return peak * (step + 1) / warm
     return 0.5 * peak * (1 + math.cos(math.pi * (step - warm) / max(total - warm, 1)))
 
+# %% ../../nbs/robust/52_models.ipynb #3ab7be6a
+def training_attacks(norm, # None (nominal), one threat model, or a sequence of them
+                     dataset:str='cifar10', # whose App. A.1 budget: 'cifar10' or 'imagenet'
+                     eps:float|Mapping|None=None, # radius, or norm → radius for several (default: the dataset's ε, §4)
+                     attack_steps:int|None=None, # APGD steps for every threat model (default: App. A.1's)
+                    )->list[dict]:
+    "The inner maximisation's attacks, one dict(norm, eps, steps, loss) per threat model (empty: nominal training)."
+    if norm is None: return []
+    norms = [check_norm(n) for n in ([norm] if isinstance(norm, (str, int, float)) else list(norm))]
+    if not norms: raise HyperparameterError("norm is an empty sequence: pass None for nominal training")
+    if len(set(norms)) < len(norms): raise HyperparameterError(f"a threat model is named twice in {norms}")
+    if eps is not None and not isinstance(eps, Mapping):
+        if len(norms) > 1: raise HyperparameterError(f"eps={eps!r} is one radius for {len(norms)} threat models: give a dict norm → radius")
+        eps = {norms[0]: eps}
+    eps = {check_norm(k): v for k, v in (eps or {}).items()}
+    if attack_steps is not None: check_range('attack_steps', attack_steps, 1)
+    recs = [budget(dataset, n, 'train') for n in norms]
+    return [dict(norm=r['norm'], eps=check_eps(eps.get(r['norm'], r['eps'])), steps=attack_steps or r['steps'], loss=r['loss']) for r in recs]
+
+# %% ../../nbs/robust/52_models.ipynb #ac929758
+def perturb_batch(model:nn.Module, # attacked in eval mode (BatchNorm's running statistics)
+                  xb:torch.Tensor, yb:torch.Tensor, # one training batch
+                  attacks:Sequence[dict], # from `training_attacks`
+                  combine:str='max', # several attacks: 'max' (per-example worst) or 'sat' (one drawn per batch)
+                  seed:int=0, # attack seed
+                  generator:torch.Generator|None=None, # SAT's draw of the threat model
+                 )->torch.Tensor:
+    "The training input of a batch: APGD in one threat model, MAX's per-example worst of several, or SAT's one drawn at random."
+    if combine not in ('max', 'sat'): raise UnknownNameError(f"unknown combine {combine!r}: expected 'max' (MAX) or 'sat' (SAT)")
+    if not attacks: return xb
+    if combine == 'sat': attacks = [attacks[int(torch.randint(len(attacks), (1,), generator=generator))]]
+    adv = torch.stack([apgd(model, xb, yb, a['norm'], a['eps'], steps=a['steps'], loss=a['loss'], seed=seed).x_adv.detach() for a in attacks])
+    if len(adv) == 1: return adv[0]
+    with torch.no_grad(): loss = torch.stack([F.cross_entropy(model(xa), yb, reduction='none') for xa in adv])  # attacks × batch
+    return adv[loss.argmax(0), torch.arange(len(yb))]
+
 # %% ../../nbs/robust/52_models.ipynb #9d3cc41b
 def adversarial_train(model:nn.Module, # trained in place
                       x:torch.Tensor, # training images in [0, 1]
                       y:torch.Tensor, # labels
-                      norm=None, # threat model of the inner maximisation ('linf', 'l2', 'l1'); None: nominal training
+                      norm=None, # threat model(s) of the inner maximisation ('linf', 'l2', 'l1', or several); None: nominal training
                       *,
-                      eps:float|None=None, # radius (default: paper 002's CIFAR-10 ε for `norm`, §4)
+                      combine:str='max', # several threat models: 'max' (MAX) or 'sat' (SAT)
+                      dataset:str='cifar10', # App. A.1 budgets of this dataset ('cifar10' or 'imagenet')
+                      eps:float|Mapping|None=None, # radius, or norm → radius (default: paper 002's ε for `dataset`, §4)
                       epochs:int=10, # passes over the data (App. A.1: 200 from scratch, 10 fine-tuning)
                       schedule:str='step', # 'step' (from scratch) or 'cosine' (fine-tuning), App. A.1
                       lr:float=0.1, # peak learning rate (App. A.1: 0.1)
                       batch_size:int=128, # App. A.1: 128
-                      attack_steps:int|None=None, # APGD steps (default: App. A.1's 10)
+                      attack_steps:int|None=None, # APGD steps (default: App. A.1's)
                       weight_decay:float=5e-4, # not given by the paper; the usual CIFAR-10 value
                       seed:int=0, # shuffling and attack seed
                       progress:bool=False, # progress bar over epochs
                      )->nn.Module:
-    "Train `model` on the worst-case ℓp perturbation of each batch found by APGD-CE (paper 002, eq. 2); return it."
-    rec = budget('cifar10', norm, 'train') if norm is not None else None
-    eps = (rec['eps'] if eps is None else eps) if rec else None
-    steps = (attack_steps or rec['steps']) if rec else 0
+    "Train `model` on the worst-case ℓp perturbation of each batch found by APGD (paper 002, eq. 2; MAX / SAT for several); return it."
+    attacks = training_attacks(norm, dataset, eps, attack_steps)
     check_range('epochs', epochs, 1); check_range('batch_size', batch_size, 1)
-    g = seed_everything(seed)
+    g, draw = seed_everything(seed), torch.Generator().manual_seed(seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
     per_epoch = math.ceil(len(x) / batch_size); total = epochs * per_epoch
-    for e in tqdm(range(epochs), desc=f'train {norm or "nominal"}', disable=not progress, leave=False):
+    name = '+'.join(a['norm'] for a in attacks) or 'nominal'
+    for e in tqdm(range(epochs), desc=f'train {name}', disable=not progress, leave=False):
         order = torch.randperm(len(x), generator=g)
         for b in range(per_epoch):
             idx = order[b * batch_size:(b + 1) * batch_size]; xb, yb = x[idx], y[idx]
-            if rec:
-                model.eval()
-                xb = apgd(model, xb, yb, norm, eps, steps=steps, loss='ce', seed=seed + e * per_epoch + b).x_adv.detach()
+            if attacks:
+                model.eval(); xb = perturb_batch(model, xb, yb, attacks, combine, seed + e * per_epoch + b, draw)
             model.train()
             for grp in opt.param_groups: grp['lr'] = lr_at(e * per_epoch + b, total, lr, schedule)
             opt.zero_grad(); F.cross_entropy(model(xb), yb).backward(); opt.step()
