@@ -24,9 +24,9 @@ from .cam import ZeroShotLogits, class_cam
 from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 
 # %% auto #0
-__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'counterfactual_loss', 'kd_loss', 'subset_predictions', 'subset_accuracy',
-           'CounterfactualFT', 'encoder_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe',
-           'class_subset', 'evaluate_id_ood']
+__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'counterfactual_loss', 'kd_loss', 'subset_predictions',
+           'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'FineTuneResult',
+           'finetune_counterfactual', 'linear_probe', 'class_subset', 'evaluate_id_ood']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -113,6 +113,33 @@ class CounterfactualFT:
         check_range('warmup_steps', self.warmup_steps, 0); check_range('val_size', self.val_size, 1)
         check_range('eval_every', self.eval_every, 0); check_range('kd_gamma', self.kd_gamma, 0)
         check_range('kd_temperature', self.kd_temperature, 0, low_inclusive=False)
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #fd9a81f3
+FINETUNE_BUDGET = ('batch_size', 'epochs', 'lr', 'warmup_steps', 'val_size')  # settings.ini: finetune_<field>
+
+def _typed(v, kind:type):
+    "`v` (a string from settings.ini, or a number) as `kind`; an int must be a whole number."
+    if kind is not int: return kind(v)
+    x = float(v)
+    if x != int(x): raise ValueError(v)
+    return int(x)
+
+def finetune_budget(profile=None, # a fusion_nb.reproduce.profiles.Profile: its `finetune_*` keys override the paper's
+                    **overrides, # finetune_<field>=value (None: not given), e.g. papermill parameters
+                   )->dict:
+    "CounterfactualFT keywords of the training budget: paper 003's (section 4.1), then the profile's, then `overrides`."
+    keys = [f'finetune_{f}' for f in FINETUNE_BUDGET]
+    unknown = sorted(k for k in overrides if k not in keys)
+    if unknown: raise UnknownNameError(f"unknown fine-tuning budget key(s) {unknown}. Keys: {', '.join(keys)}")
+    given = {**{k: v for k, v in (getattr(profile, 'extra', None) or {}).items() if k in keys},
+             **{k: v for k, v in overrides.items() if v is not None}}
+    defaults, out = CounterfactualFT(), {}
+    for f, k in zip(FINETUNE_BUDGET, keys):
+        kind = type(getattr(defaults, f))
+        try: out[f] = _typed(given.get(k, getattr(defaults, f)), kind)
+        except (TypeError, ValueError): raise HyperparameterError(f"{k}={given[k]!r} is not a {kind.__name__}") from None
+    CounterfactualFT(**out)   # checks the ranges, naming the field
+    return out
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #887123a1
 @torch.no_grad()
