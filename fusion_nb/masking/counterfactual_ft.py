@@ -25,8 +25,9 @@ from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 
 # %% auto #0
 __all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'counterfactual_loss', 'kd_loss', 'subset_predictions',
-           'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'FineTuneResult',
-           'finetune_counterfactual', 'linear_probe', 'class_subset', 'evaluate_id_ood']
+           'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels',
+           'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe', 'class_subset',
+           'evaluate_id_ood']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -149,6 +150,21 @@ def encoder_logits(encoder:CLIPVisionModel, logits:ZeroShotLogits, pixels:Tensor
     return torch.cat([logits(encoder(pixel_values=pixels[i:i + batch_size].to(device)).pooler_output).float().cpu()
                       for i in range(0, len(pixels), batch_size)]) if len(pixels) else torch.zeros(0, logits.head.shape[0])
 
+def dataset_pixels(processor, dataset, # an HF dataset with `image`
+                   idx:Sequence[int]|Tensor, # rows to preprocess
+                  )->Tensor:
+    "(len(idx), 3, H, W) preprocessed images of the rows `idx` only: ImageNet's 1.28 M images are never decoded at once."
+    return pixel_values(processor, dataset.select([int(i) for i in idx])['image'])
+
+@torch.no_grad()
+def dataset_logits(encoder:CLIPVisionModel, logits:ZeroShotLogits, processor, dataset, idx:Sequence[int]|Tensor,
+                   batch_size:int=512, device=None)->Tensor:
+    "(len(idx), classes) zero-shot logits of `encoder` on the rows `idx` of `dataset`, preprocessed batch by batch."
+    idx = [int(i) for i in idx]
+    parts = [encoder_logits(encoder, logits, dataset_pixels(processor, dataset, idx[i:i + batch_size]), batch_size, device)
+             for i in range(0, len(idx), batch_size)]
+    return torch.cat(parts) if parts else torch.zeros(0, logits.head.shape[0])
+
 @dataclass
 class FineTuneResult:
     "The selected encoder and head, its validation accuracy and step, and one history row per step (losses, lr, validation)."
@@ -201,21 +217,20 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
     zs = ZeroShotLogits(copy.deepcopy(clip.visual_projection), clip.logit_scale, head, trainable_head=train_head).to(device)
     teacher = copy.deepcopy(clip.vision_model).eval().requires_grad_(False)
     student = copy.deepcopy(clip.vision_model).train().requires_grad_(True)
-    x_all = pixel_values(processor, train_dataset['image'])
     patch = clip.config.vision_config.patch_size
     per_epoch = math.ceil(len(train_idx) / cfg.batch_size); total = max(1, round(cfg.epochs * per_epoch))
     every = cfg.eval_every or per_epoch
     params = [*student.parameters(), *([zs.head] if train_head else [])]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, total)
-    val_acc = lambda: subset_accuracy(encoder_logits(student.eval(), zs, x_all[val_idx], device=device), y_all[val_idx])
+    val_acc = lambda: subset_accuracy(dataset_logits(student.eval(), zs, processor, train_dataset, val_idx, device=device), y_all[val_idx])
     snapshot = lambda: (copy.deepcopy(student.state_dict()), zs.head.detach().clone())
     best = (-1., 0, None)   # the paper selects among fine-tuned checkpoints: the starting model is not a candidate
     rows, order = [], torch.zeros(0, dtype=torch.long)
     for step in tqdm(range(1, total + 1), desc='counterfactual fine-tuning', disable=not progress, leave=False):
         if len(order) == 0: order = train_idx[torch.randperm(len(train_idx), generator=g)]   # a new epoch
         i, order = order[:cfg.batch_size], order[cfg.batch_size:]
-        x, y = x_all[i].to(device), y_all[i].to(device)
+        x, y = dataset_pixels(processor, train_dataset, i).to(device), y_all[i].to(device)
         logits = zs(student(pixel_values=x).pooler_output)
         ce = F.cross_entropy(logits, y)
         cf_loss, mse = _cf_term(cfg, student, teacher, zs, x, y, patch, g)
@@ -250,9 +265,9 @@ def linear_probe(clip:CLIPModel, tokenizer, processor, # the pre-trained CLIP, i
     clip = clip.to(device).eval()
     zs = ZeroShotLogits(copy.deepcopy(clip.visual_projection), clip.logit_scale,
                         zeroshot_head(clip, tokenizer, class_names, templates, device=device), trainable_head=True).to(device)
-    x, y = pixel_values(processor, train_dataset['image']), torch.as_tensor(train_dataset['label']).to(device)
-    with torch.no_grad(): pooled = torch.cat([clip.vision_model(pixel_values=x[i:i + batch_size].to(device)).pooler_output
-                                              for i in range(0, len(x), batch_size)])
+    y = torch.as_tensor(train_dataset['label']).to(device)
+    with torch.no_grad(): pooled = torch.cat([clip.vision_model(pixel_values=dataset_pixels(processor, train_dataset, range(i, min(i + batch_size, len(y)))).to(device)).pooler_output
+                                              for i in range(0, len(y), batch_size)])
     opt = torch.optim.AdamW([zs.head], lr=lr, weight_decay=weight_decay)
     for _ in range(steps):
         loss = F.cross_entropy(zs(pooled), y)
