@@ -27,7 +27,7 @@ from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 __all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'counterfactual_loss', 'kd_loss', 'subset_predictions',
            'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels',
            'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe', 'class_subset',
-           'evaluate_id_ood']
+           'evaluate_id_ood', 'evaluation_splits']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -313,3 +313,17 @@ def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
         if n == 0: raise FusionError(f"test set {name!r} is empty")
         records += [{'model': r, 'task': name, 'metric': 'accuracy', 'value': c / n} for r, c in correct.items()]
     return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value'])
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b1201d6
+def evaluation_splits(tasks:Sequence[str], # the ID task and the shifted ones
+                      default:str='test', # the profile's test split
+                      overrides:str|None=None, # 'task:split ...', e.g. 'imagenet:validation'
+                     )->dict[str, str]:
+    "The split each task is evaluated on: `default`, or the one `overrides` names for it."
+    out = dict.fromkeys(tasks, default)
+    for item in (overrides or '').split():
+        task, sep, split = item.partition(':')
+        if not (sep and task and split): raise FusionError(f"test split override {item!r}: expected 'task:split'")
+        if task not in out: raise UnknownNameError(f"test split override {item!r}: unknown task {task!r}. Tasks: {', '.join(tasks)}")
+        out[task] = split
+    return out
