@@ -126,29 +126,74 @@ def test_bad_input_is_named():
     with pytest.raises(FusionError, match='teacher'): counterfactual_loss(torch.randn(2, 3), torch.tensor([0, 1]), torch.randn(2, 4), torch.randn(2, 5))
     with pytest.raises(HyperparameterError, match='temperature'): kd_loss(torch.randn(2, 3), torch.randn(2, 3), temperature=-1.)
 
-def test_experiment_notebook_on_micro(tmp_path):
-    "nbs/experiments/30_masked_images.ipynb runs under papermill on the micro benchmark; its tables are consistent with each other."
-    import os, subprocess, sys
-    import pandas as pd
+def _papermill(notebook, tmp_path, yaml):
+    "Run nbs/experiments/<notebook> on the micro benchmark into tmp_path/'out'; return that folder."
+    import subprocess, sys
     from conftest import REPO
     out = tmp_path/'out'
-    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/'30_masked_images.ipynb'), str(tmp_path/'run.ipynb'), '-k', 'python3',
-            '-p', 'profile', 'micro', '-p', 'output_dir', str(out), '-y',
-            'thresholds: [0.5]\nrates: [0.5]\nwise_alphas: [0.0, 1.0]\nsoup_lr_factors: [1.0, 2.0]\ntable2_images: 40']
+    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/notebook), str(tmp_path/'run.ipynb'), '-k', 'python3',
+            '-p', 'profile', 'micro', '-p', 'output_dir', str(out), '-y', yaml]
     r = subprocess.run(args, cwd=REPO/'nbs'/'experiments', capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+def test_masking_strategies_notebook_on_micro(tmp_path):
+    "Experiment 30 runs on micro (two seeds); table 1's rows are the validation-chosen runs, averaged over seeds, recomputed here from the run records."
+    import pandas as pd
+    out = _papermill('30_masked_images.ipynb', tmp_path, 'thresholds: [0.4, 0.6]\nrates: [0.5]\nfinetune_seeds: [0, 1]\nfinetune_epochs: 1')
     t1 = pd.read_csv(out/'table1.csv', index_col=[0, 1, 2])
     assert len(t1) == 3 + 9 and list(t1.columns) == ['IN', 'IN-V2', 'IN-R', 'IN-Sketch', 'ObjectNet', 'IN-A', 'OOD avg.']
     assert t1['OOD avg.'].values == pytest.approx(t1.iloc[:, 1:6].mean(axis=1).values)
+    runs, res = pd.read_csv(out/'runs.csv'), pd.read_csv(out/'results.csv').pivot_table(index='model', columns='task', values='value')
+    assert len(runs) == 2 * (2 + 3 + 2 * 3 * 2)   # per seed: vanilla, no masking, random × 3 refills × 1 rate, context/object × 3 × 2 thresholds
+    assert t1.loc[('Zero-shot', '–', '–'), 'IN'] == pytest.approx(res.loc['zero_shot', 'imagenet'])
+    # object-mask / single-fill: per seed, the run with the best validation accuracy (the first in run order on ties), then the seed mean
+    best = runs[runs.method == 'ours:object:single'].groupby('seed', sort=False).apply(lambda g: g.loc[g.val_accuracy.idxmax(), 'model'])
+    assert t1.loc[('Ours', 'object-mask', 'single-fill'), 'IN'] == pytest.approx(res.loc[list(best), 'imagenet'].mean())
+    findings = pd.read_csv(out/'findings.csv', index_col=0)
+    vanilla_ood = res.loc[[f'vanilla_ft/s{s}' for s in (0, 1)], ['imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a']].mean(axis=1).mean()
+    zero_ood = res.loc['zero_shot', ['imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a']].mean()
+    assert findings.loc['vanilla FT loses OOD against zero-shot', 'difference (points)'] == pytest.approx(vanilla_ood - zero_ood)
+    assert (out/'figure6.png').exists() and (out/'figure6.pdf').exists() and (out/'table1_paper.csv').exists()
+
+def test_comparison_notebook_on_micro(tmp_path):
+    "Experiment 31 runs on micro; its WiSE-FT curve ends at the zero-shot and the vanilla models, and table 2's rates grow as the threshold falls."
+    import pandas as pd
+    out = _papermill('31_masked_images_comparison.ipynb', tmp_path,
+                     'thresholds: [0.5]\nwise_alphas: [0.0, 0.5, 1.0]\nsoup_lr_factors: [1.0, 2.0]\ntable2_images: 40')
     rec = pd.read_csv(out/'results.csv').pivot_table(index='model', columns='task', values='value')
     # WiSE-FT at α = 0 is the zero-shot model and at α = 1 the vanilla fine-tuned one (fusion_nb.methods.interpolation.wise_ft)
-    assert rec.loc['wise-ft/0.0/s0'].values == pytest.approx(rec.loc['zero-shot'].values)
-    assert rec.loc['wise-ft/1.0/s0'].values == pytest.approx(rec.loc['vanilla/s0'].values)
+    assert rec.loc['wise_ft/0.0/s0'].values == pytest.approx(rec.loc['zero_shot'].values)
+    assert rec.loc['wise_ft/1.0/s0'].values == pytest.approx(rec.loc['vanilla_ft/s0'].values)
+    assert rec.loc['wise_ours/1.0/s0'].values == pytest.approx(rec.loc['ours:object:single/s0'].values)
     t2 = pd.read_csv(out/'table2.csv', index_col=0)
     assert ((t2.values >= 0) & (t2.values <= 1)).all()
     # a lower threshold masks a superset of patches: both masking rates can only grow (thresholds are in decreasing order)
     assert (t2.loc['Image MR'].diff().dropna() >= 0).all() and (t2.loc['Object MR'].diff().dropna() >= 0).all()
-    t3 = pd.read_csv(out/'table3.csv', index_col=0)   # α = 0.5 is not among this run's wise_alphas: no WiSE-FT (α=0.5) row values
-    assert {'Zero-shot', 'Vanilla fine-tuning', 'LP-FT', 'Uniform soup', 'Ours (multi-fill)', 'Ours (single-fill)', 'WiSE-KD (ours)'} <= set(t3.index)
-    assert t3.loc['Zero-shot'].values == pytest.approx(t1.loc[('Zero-shot', '/', '/')].values)
-    assert (out/'figure6.png').exists() and (out/'figure7.png').exists()
+    t3 = pd.read_csv(out/'table3.csv', index_col=0)
+    assert list(t3.index) == ['Zero-shot', 'Vanilla fine-tuning', 'LP-FT', 'WiSE-FT (α=0.5)', 'Uniform soup', 'Ours (multi-fill)',
+                              'Ours (single-fill)', 'WiSE-KD (vanilla FT)', 'WiSE-KD (ours)']
+    assert t3.loc['WiSE-FT (α=0.5)', 'IN'] == pytest.approx(rec.loc['wise_ft/0.5/s0', 'imagenet'])
+    assert t3['OOD avg.'].values == pytest.approx(t3.iloc[:, 1:6].mean(axis=1).values)
+    assert (out/'figure7.png').exists() and (out/'table3_paper.csv').exists()
+
+@pytest.mark.parametrize('name,model', [('clip-vit-b32-imagenet', 'openai/clip-vit-base-patch32'),
+                                        ('clip-vit-b16-imagenet', 'openai/clip-vit-base-patch16')])
+def test_paper_003_profiles_parse_and_fail_at_once_offline(tmp_path, name, model):
+    "Paper 003's profiles name the ID task and five shifts with splits the experiments accept; offline, the runner stops within seconds saying what to do."
+    import os, subprocess, sys, time
+    from pathlib import Path
+    from fusion_nb.masking.counterfactual_ft import evaluation_splits
+    from fusion_nb.reproduce.profiles import load_profile
+    p = load_profile(name)
+    assert p.tasks == ['imagenet', 'imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a'] and p.hub and p.pretrained == model
+    assert p.datasets['imagenet'] == 'ILSVRC/imagenet-1k' and p.class_names == 'dataset'
+    assert evaluation_splits(p.tasks, p.test_split, p.extra['test_splits'])['imagenet'] == 'validation'
+    t0 = time.time()
+    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))',
+                        'reproduce', '--profile', name, '--only', '30', '31'],
+                       env={**{k: v for k, v in os.environ.items() if k != 'FUSION_NB_ROOT'}, 'HF_HUB_OFFLINE': '1', 'HF_HOME': str(tmp_path)},
+                       capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert r.returncode == 2, r.stderr
+    assert f"profile {name!r} needs the Hugging Face Hub" in r.stderr and model in r.stderr and 'ILSVRC/imagenet-1k' in r.stderr
+    assert time.time() - t0 < 30 and 'running' not in r.stdout

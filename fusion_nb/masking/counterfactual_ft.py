@@ -24,9 +24,10 @@ from .cam import ZeroShotLogits, class_cam
 from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 
 # %% auto #0
-__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'counterfactual_loss', 'kd_loss', 'subset_predictions', 'subset_accuracy',
-           'CounterfactualFT', 'encoder_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe',
-           'class_subset', 'evaluate_id_ood']
+__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'counterfactual_loss', 'kd_loss', 'subset_predictions',
+           'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels',
+           'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe', 'class_subset',
+           'evaluate_id_ood', 'evaluation_splits']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -114,6 +115,33 @@ class CounterfactualFT:
         check_range('eval_every', self.eval_every, 0); check_range('kd_gamma', self.kd_gamma, 0)
         check_range('kd_temperature', self.kd_temperature, 0, low_inclusive=False)
 
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #fd9a81f3
+FINETUNE_BUDGET = ('batch_size', 'epochs', 'lr', 'warmup_steps', 'val_size')  # settings.ini: finetune_<field>
+
+def _typed(v, kind:type):
+    "`v` (a string from settings.ini, or a number) as `kind`; an int must be a whole number."
+    if kind is not int: return kind(v)
+    x = float(v)
+    if x != int(x): raise ValueError(v)
+    return int(x)
+
+def finetune_budget(profile=None, # a fusion_nb.reproduce.profiles.Profile: its `finetune_*` keys override the paper's
+                    **overrides, # finetune_<field>=value (None: not given), e.g. papermill parameters
+                   )->dict:
+    "CounterfactualFT keywords of the training budget: paper 003's (section 4.1), then the profile's, then `overrides`."
+    keys = [f'finetune_{f}' for f in FINETUNE_BUDGET]
+    unknown = sorted(k for k in overrides if k not in keys)
+    if unknown: raise UnknownNameError(f"unknown fine-tuning budget key(s) {unknown}. Keys: {', '.join(keys)}")
+    given = {**{k: v for k, v in (getattr(profile, 'extra', None) or {}).items() if k in keys},
+             **{k: v for k, v in overrides.items() if v is not None}}
+    defaults, out = CounterfactualFT(), {}
+    for f, k in zip(FINETUNE_BUDGET, keys):
+        kind = type(getattr(defaults, f))
+        try: out[f] = _typed(given.get(k, getattr(defaults, f)), kind)
+        except (TypeError, ValueError): raise HyperparameterError(f"{k}={given[k]!r} is not a {kind.__name__}") from None
+    CounterfactualFT(**out)   # checks the ranges, naming the field
+    return out
+
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #887123a1
 @torch.no_grad()
 def encoder_logits(encoder:CLIPVisionModel, logits:ZeroShotLogits, pixels:Tensor, batch_size:int=512, device=None)->Tensor:
@@ -121,6 +149,21 @@ def encoder_logits(encoder:CLIPVisionModel, logits:ZeroShotLogits, pixels:Tensor
     device = device or next(encoder.parameters()).device
     return torch.cat([logits(encoder(pixel_values=pixels[i:i + batch_size].to(device)).pooler_output).float().cpu()
                       for i in range(0, len(pixels), batch_size)]) if len(pixels) else torch.zeros(0, logits.head.shape[0])
+
+def dataset_pixels(processor, dataset, # an HF dataset with `image`
+                   idx:Sequence[int]|Tensor, # rows to preprocess
+                  )->Tensor:
+    "(len(idx), 3, H, W) preprocessed images of the rows `idx` only: ImageNet's 1.28 M images are never decoded at once."
+    return pixel_values(processor, dataset.select([int(i) for i in idx])['image'])
+
+@torch.no_grad()
+def dataset_logits(encoder:CLIPVisionModel, logits:ZeroShotLogits, processor, dataset, idx:Sequence[int]|Tensor,
+                   batch_size:int=512, device=None)->Tensor:
+    "(len(idx), classes) zero-shot logits of `encoder` on the rows `idx` of `dataset`, preprocessed batch by batch."
+    idx = [int(i) for i in idx]
+    parts = [encoder_logits(encoder, logits, dataset_pixels(processor, dataset, idx[i:i + batch_size]), batch_size, device)
+             for i in range(0, len(idx), batch_size)]
+    return torch.cat(parts) if parts else torch.zeros(0, logits.head.shape[0])
 
 @dataclass
 class FineTuneResult:
@@ -174,21 +217,20 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
     zs = ZeroShotLogits(copy.deepcopy(clip.visual_projection), clip.logit_scale, head, trainable_head=train_head).to(device)
     teacher = copy.deepcopy(clip.vision_model).eval().requires_grad_(False)
     student = copy.deepcopy(clip.vision_model).train().requires_grad_(True)
-    x_all = pixel_values(processor, train_dataset['image'])
     patch = clip.config.vision_config.patch_size
     per_epoch = math.ceil(len(train_idx) / cfg.batch_size); total = max(1, round(cfg.epochs * per_epoch))
     every = cfg.eval_every or per_epoch
     params = [*student.parameters(), *([zs.head] if train_head else [])]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, total)
-    val_acc = lambda: subset_accuracy(encoder_logits(student.eval(), zs, x_all[val_idx], device=device), y_all[val_idx])
+    val_acc = lambda: subset_accuracy(dataset_logits(student.eval(), zs, processor, train_dataset, val_idx, device=device), y_all[val_idx])
     snapshot = lambda: (copy.deepcopy(student.state_dict()), zs.head.detach().clone())
     best = (-1., 0, None)   # the paper selects among fine-tuned checkpoints: the starting model is not a candidate
     rows, order = [], torch.zeros(0, dtype=torch.long)
     for step in tqdm(range(1, total + 1), desc='counterfactual fine-tuning', disable=not progress, leave=False):
         if len(order) == 0: order = train_idx[torch.randperm(len(train_idx), generator=g)]   # a new epoch
         i, order = order[:cfg.batch_size], order[cfg.batch_size:]
-        x, y = x_all[i].to(device), y_all[i].to(device)
+        x, y = dataset_pixels(processor, train_dataset, i).to(device), y_all[i].to(device)
         logits = zs(student(pixel_values=x).pooler_output)
         ce = F.cross_entropy(logits, y)
         cf_loss, mse = _cf_term(cfg, student, teacher, zs, x, y, patch, g)
@@ -223,9 +265,9 @@ def linear_probe(clip:CLIPModel, tokenizer, processor, # the pre-trained CLIP, i
     clip = clip.to(device).eval()
     zs = ZeroShotLogits(copy.deepcopy(clip.visual_projection), clip.logit_scale,
                         zeroshot_head(clip, tokenizer, class_names, templates, device=device), trainable_head=True).to(device)
-    x, y = pixel_values(processor, train_dataset['image']), torch.as_tensor(train_dataset['label']).to(device)
-    with torch.no_grad(): pooled = torch.cat([clip.vision_model(pixel_values=x[i:i + batch_size].to(device)).pooler_output
-                                              for i in range(0, len(x), batch_size)])
+    y = torch.as_tensor(train_dataset['label']).to(device)
+    with torch.no_grad(): pooled = torch.cat([clip.vision_model(pixel_values=dataset_pixels(processor, train_dataset, range(i, min(i + batch_size, len(y)))).to(device)).pooler_output
+                                              for i in range(0, len(y), batch_size)])
     opt = torch.optim.AdamW([zs.head], lr=lr, weight_decay=weight_decay)
     for _ in range(steps):
         loss = F.cross_entropy(zs(pooled), y)
@@ -271,3 +313,17 @@ def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
         if n == 0: raise FusionError(f"test set {name!r} is empty")
         records += [{'model': r, 'task': name, 'metric': 'accuracy', 'value': c / n} for r, c in correct.items()]
     return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value'])
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b1201d6
+def evaluation_splits(tasks:Sequence[str], # the ID task and the shifted ones
+                      default:str='test', # the profile's test split
+                      overrides:str|None=None, # 'task:split ...', e.g. 'imagenet:validation'
+                     )->dict[str, str]:
+    "The split each task is evaluated on: `default`, or the one `overrides` names for it."
+    out = dict.fromkeys(tasks, default)
+    for item in (overrides or '').split():
+        task, sep, split = item.partition(':')
+        if not (sep and task and split): raise FusionError(f"test split override {item!r}: expected 'task:split'")
+        if task not in out: raise UnknownNameError(f"test split override {item!r}: unknown task {task!r}. Tasks: {', '.join(tasks)}")
+        out[task] = split
+    return out
