@@ -22,13 +22,13 @@ from ..catalog import templates_for
 
 # %% auto #0
 __all__ = ['S', 'GTSRB', 'DTD', 'EUROSAT', 'RESISC45', 'SUN397', 'CARS', 'BACKGROUNDS', 'CIFAR10_SPRITES', 'CIFAR100_SPRITES',
-           'CONTEXTS', 'NATURAL_BGS', 'IMAGENET_SPRITES', 'IMAGENET_BACKGROUNDS', 'IMAGENET_CUE', 'IMAGENET_VARIANTS',
-           'WEB_BACKGROUNDS', 'DIGITS', 'IMAGENET_CLASSES', 'TASKS', 'EIGHT_TASKS', 'NEULIG_TASKS', 'IMAGENET_TASKS',
-           'PRETRAINING_TASKS', 'SCALES', 'SPLITS', 'render_svhn', 'render_gtsrb', 'render_dtd', 'render_eurosat',
-           'render_resisc45', 'render_sun397', 'render_cars', 'render_mnist', 'draw_sprite', 'compose',
-           'render_cifar10', 'render_stl10', 'render_cifar100', 'imagenet_scene', 'web_view', 'TinyTask', 'build_split',
-           'build_task', 'build_datasets', 'border_features', 'background_cue_accuracy', 'object_masks', 'sample_grid',
-           'show_samples', 'pretraining_shift', 'pretraining_corpus', 'vocabulary']
+           'CONTEXTS', 'NATURAL_BGS', 'IMAGENET_SPRITES', 'IMAGENET_BACKGROUNDS', 'IMAGENET_CUE', 'IMAGENET_V2_CUE',
+           'IMAGENET_VARIANTS', 'WEB_BACKGROUNDS', 'DIGITS', 'IMAGENET_CLASSES', 'TASKS', 'EIGHT_TASKS', 'NEULIG_TASKS',
+           'IMAGENET_TASKS', 'PRETRAINING_TASKS', 'SCALES', 'SPLITS', 'render_svhn', 'render_gtsrb', 'render_dtd',
+           'render_eurosat', 'render_resisc45', 'render_sun397', 'render_cars', 'render_mnist', 'draw_sprite',
+           'compose', 'render_cifar10', 'render_stl10', 'render_cifar100', 'imagenet_scene', 'web_view', 'TinyTask',
+           'build_split', 'build_task', 'build_datasets', 'border_features', 'background_cue_accuracy', 'object_masks',
+           'sample_grid', 'show_samples', 'pretraining_shift', 'pretraining_corpus', 'vocabulary']
 
 # %% ../../nbs/tiny/10_tasks.ipynb #f5c8c0d2
 S = 32  # image side, in pixels
@@ -683,6 +683,10 @@ IMAGENET_SPRITES = {'goldfish': _sp_goldfish, 'king penguin': _sp_king_penguin, 
 # the background each class is photographed on in the ImageNet stand-in: a spurious cue
 IMAGENET_BACKGROUNDS = ['aquarium', 'ice', 'sky', 'leaf', 'sand', 'dunes', 'coast', 'sunset', 'tiles', 'wood', 'road', 'rain']
 IMAGENET_CUE = 0.9  # probability that a training image shows its class's background
+# ImageNet-V2's cue, weaker: real V2 is a new collection of the same classes, on which fine-tuning gains only
+# modestly (paper 003, Table 3: +8.8). At 0.7 the stand-in's V2 rewarded the learned cue so much (+26 points)
+# that it hid the OOD loss of vanilla fine-tuning on the other four shifts (measured on issue 14).
+IMAGENET_V2_CUE = 0.4
 
 def _other(rng, y, n):
     "A class index other than `y`."
@@ -696,7 +700,7 @@ def imagenet_scene(rng, y:int, # class index
     cue = lambda p: IMAGENET_BACKGROUNDS[y] if rng.random() < p else IMAGENET_BACKGROUNDS[_other(rng, y, n)]
     if variant == 'imagenet': return _object_scene(rng, sp, cue(IMAGENET_CUE), size=(16, 26), angle=15)
     if variant == 'imagenet_v2':  # a new collection: the same protocol, a weaker cue, other sizes and exposure
-        im, m = _object_scene(rng, sp, cue(0.7), size=(14, 24), angle=15)
+        im, m = _object_scene(rng, sp, cue(IMAGENET_V2_CUE), size=(14, 24), angle=15)
         return Image.fromarray(np.clip(np.asarray(im) * rng.uniform(0.8, 1.2), 0, 255).astype(np.uint8)), m
     if variant == 'imagenet_r':  # renditions: cartoon palettes and outlines on painted backdrops
         bg = 'art' if rng.random() < 0.6 else IMAGENET_BACKGROUNDS[int(rng.integers(n))]
