@@ -4,6 +4,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from fusion_nb.evaluation import evaluate
+from fusion_nb.merge import ensemble, simple_average, task_arithmetic, ties_merging
 from fusion_nb.methods.data import MergeData
 from fusion_nb.neulig.neulig import neulig, neulig_records
 from fusion_nb.pools import ModelPool, TaskPool, PRETRAINED
@@ -22,20 +24,72 @@ def run(tmp_path_factory):
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
-def test_table_layout_and_arithmetic(run):
-    table = pd.read_csv(run/'table.csv', header=[0, 1], index_col=0)
+# Table s5's rows as paper 001 prints them (AdaMerging filed as layer-wise AdaMerging, WeMoE as WE-MoE)
+BASELINES = ['Simple Averaging', 'Task Arithmetic', 'Ties-Merging', 'RegMean', 'Layer-wise AdaMerging', 'Weight-Ensembling MoE']
+NO_ENSEMBLE = ['Ties-Merging', 'RegMean']
+NEULIG = ['NeuLig (Semi-Supervised)', 'NeuLig (Supervised)']
+ROWS = ['Pre-trained', 'Fine-tuned', *BASELINES, *NEULIG]
+
+@pytest.fixture(scope='module')
+def table(run): return pd.read_csv(run/'table.csv', header=[0, 1], index_col=0)
+
+def test_table_layout_and_arithmetic(run, table):
     assert list(table.columns.get_level_values(0).unique()) == [*NEULIG_TASKS, 'Avg.']
     assert set(table.columns.get_level_values(1)) == {'Mer.', 'Ens.', 'Gap'}
-    assert list(table.index) == ['Pre-trained', 'Fine-tuned', 'Simple Averaging', 'Task Arithmetic (λ=0.3)',
-                                 'NeuLig (Semi-Supervised)', 'NeuLig (Supervised)']
-    neu = table.loc[['NeuLig (Semi-Supervised)', 'NeuLig (Supervised)', 'Simple Averaging']]
-    for t in NEULIG_TASKS:
-        assert (neu[(t, 'Gap')] - (neu[(t, 'Mer.')] - neu[(t, 'Ens.')]).abs()).abs().max() < 1e-9
-    assert (neu[('Avg.', 'Mer.')] - neu.xs('Mer.', axis=1, level=1)[NEULIG_TASKS].mean(axis=1)).abs().max() < 1e-9
+    assert list(table.index) == ROWS
+    assert table.xs('Mer.', axis=1, level=1).notna().all().all()
+    with_ens = [r for r in ROWS[2:] if r not in NO_ENSEMBLE]
+    assert table.loc[with_ens].notna().all().all()
+    assert table.loc[['Pre-trained', 'Fine-tuned', *NO_ENSEMBLE], (slice(None), ['Ens.', 'Gap'])].isna().all().all()
+    for t in NEULIG_TASKS:   # Gap = |Mer. − Ens.| on every row with an ensemble
+        assert ((table.loc[with_ens, (t, 'Gap')] - (table.loc[with_ens, (t, 'Mer.')] - table.loc[with_ens, (t, 'Ens.')]).abs()).abs() < 1e-9).all()
+    mer, ens = table.xs('Mer.', axis=1, level=1), table.xs('Ens.', axis=1, level=1)
+    assert (mer['Avg.'] - mer[NEULIG_TASKS].mean(axis=1)).abs().max() < 1e-9
+    assert (ens.loc[with_ens, 'Avg.'] - ens.loc[with_ens, NEULIG_TASKS].mean(axis=1)).abs().max() < 1e-9
+    assert (table.loc[with_ens, ('Avg.', 'Gap')] - (mer['Avg.'] - ens['Avg.']).loc[with_ens].abs()).abs().max() < 1e-9   # |Avg. Mer. − Avg. Ens.|
     s9 = pd.read_csv(run/'table_s9.csv', index_col=0)
     assert list(s9.index) == ['Mer.', 'Ens.', 'Gap'] and [float(c) for c in s9.columns] == [0.1, 1.0]   # micro: neulig_data_scales
-    for f in ('figure_s8.png', 'figure_s8.pdf', 'figure_s9.png', 'figure_s9.pdf', 'table_s7.csv', 'results.csv', 'map_diagonal.csv'):
+    for f in ('figure_s8.png', 'figure_s8.pdf', 'figure_s9.png', 'figure_s9.pdf', 'table_s7.csv', 'results.csv', 'map_diagonal.csv',
+              'artefacts/layer_wise_adamerging.safetensors', 'artefacts/weight_ensembling_moe.routers.safetensors'):
         assert (run/f).exists(), f
+
+def test_printed_table_shows_a_dash_where_no_ensemble(run, table):
+    printed = pd.read_csv(run/'table_printed.csv', header=[0, 1], index_col=0, keep_default_na=False, dtype=str)
+    assert list(printed.index) == ROWS
+    for r in NO_ENSEMBLE:
+        assert set(printed.loc[r, (slice(None), ['Ens.', 'Gap'])]) == {'–'}, r
+    assert set(printed.loc[['Pre-trained', 'Fine-tuned'], (slice(None), ['Ens.', 'Gap'])].values.ravel()) == {''}
+    assert '–' not in printed.loc[[r for r in ROWS[2:] if r not in NO_ENSEMBLE]].values
+    assert printed.loc['RegMean', ('Avg.', 'Mer.')] == f"{table.loc['RegMean', ('Avg.', 'Mer.')]:.1f}"
+
+def test_finding_compares_neulig_with_every_baseline(run, table):
+    finding = pd.read_csv(run/'finding.csv', index_col=0)
+    assert list(finding.index) == NEULIG
+    avg = table['Avg.']
+    for r in NEULIG:
+        assert finding.loc[r, 'Mer. above every baseline Mer.'] == all(avg.loc[r, 'Mer.'] > avg.loc[b, 'Mer.'] for b in BASELINES)
+        assert finding.loc[r, 'Gap below every baseline Gap'] == all(avg.loc[r, 'Gap'] < avg.loc[b, 'Gap'] for b in BASELINES if b not in NO_ENSEMBLE)
+        above = [b for b in BASELINES if avg.loc[b, 'Mer.'] >= avg.loc[r, 'Mer.']]
+        assert finding.loc[r, 'baselines at or above in Mer.'] == (', '.join(above) or 'none')
+
+def test_baseline_rows_match_an_independent_evaluation(run, table):
+    "Simple Averaging (merged, and its uniform logit ensemble), Task Arithmetic and TIES merged, Fine-tuned: built and evaluated here without `fuse`/`merge_ensemble_gap`."
+    P = prepare(load_profile('micro', tasks=NEULIG_TASKS))
+    models, tasks = ModelPool.from_profile(P), TaskPool.from_profile(P)
+    pre, experts = models.vision_state(PRETRAINED), {t: models.vision_state(t) for t in P.tasks}
+    built = {'Simple Averaging': simple_average(pre, experts, progress=False),
+             'Simple Averaging, ensemble': ensemble(pre, experts, combine='logits'),
+             'Task Arithmetic': task_arithmetic(pre, experts, scaling_factor=0.3, progress=False),   # paper 001's λ
+             'Ties-Merging': ties_merging(pre, experts, k=20, scaling_factor=0.3, trim_scope='model', disjoint='sum', progress=False),
+             **{f'Fine-tuned:{t}': t for t in NEULIG_TASKS}}
+    per_task = {k: [k.split(':')[1]] if k.startswith('Fine-tuned:') else NEULIG_TASKS for k in built}
+    got = evaluate(built, models, tasks, per_task, batch_size=P.batch_size, max_samples=P.max_test_samples, seed=P.seed, progress=False)
+    acc = got[got.metric == 'accuracy'].set_index(['model', 'task'])['value'] * 100
+    for t in NEULIG_TASKS:
+        for row in ('Simple Averaging', 'Task Arithmetic', 'Ties-Merging'):
+            assert table.loc[row, (t, 'Mer.')] == pytest.approx(acc[row, t]), (row, t)
+        assert table.loc['Simple Averaging', (t, 'Ens.')] == pytest.approx(acc['Simple Averaging, ensemble', t]), t
+        assert table.loc['Fine-tuned', (t, 'Mer.')] == pytest.approx(acc[f'Fine-tuned:{t}', t]), t
 
 def test_saved_portland_reproduces_the_rows_without_training(run):
     "The artefacts reload (no training) and give the table's NeuLig numbers, per-sample and with the CoopVec Map."
