@@ -75,7 +75,7 @@ def test_uniform_records_equal_evaluate_of_simple_average_and_ensemble(micro):
 def test_prediction_does_not_depend_on_batch_mates(micro):
     m, x = _model(micro), micro['x']
     c = m.coopvecs(x)
-    assert (c[0] - c[1]).abs().max() > 1e-2, 'the CoopVecs must differ between samples for the check to bite'
+    assert (c - c[0]).abs().amax() > 1e-2, 'the CoopVecs must differ between samples for the check to bite'   # any two (the softmax saturates for some pairs)
     heads = micro['data'].heads
     with torch.no_grad():
         for level in ('merge', 'ensemble'):
