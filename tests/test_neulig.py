@@ -25,10 +25,11 @@ def micro(micro_project):
 
 def _model(micro, perturb=True, seed=0):
     "A NeuLig model whose Portland really depends on the input (its CoopVecs differ between samples)."
+    torch.manual_seed(seed)   # Portland's hidden layer is drawn from the global generator: fix it, whatever ran before
     m = NeuLigModel(micro['pre'], micro['experts'], micro['models'].config)
     if perturb:
         g = torch.Generator().manual_seed(seed)
-        with torch.no_grad(): m.portland.net[-1].weight.copy_(torch.randn(m.portland.net[-1].weight.shape, generator=g) * 3)
+        with torch.no_grad(): m.portland.net[-1].weight.copy_(torch.randn(m.portland.net[-1].weight.shape, generator=g) * 0.3)   # input-dependent CoopVecs that do not saturate (×3 gave one-hot-like ones)
     return m
 
 def _zeroshot(micro, encoders, task, combine='probs'):
