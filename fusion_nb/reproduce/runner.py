@@ -144,6 +144,10 @@ def _env(**values):
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
 
+def _kernel_pythonpath()->str:
+    "PYTHONPATH that makes a kernel or Ray worker import this fusion_nb (the one `package_hash` fingerprinted), then the caller's."
+    return os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
+
 def _last_line(e:BaseException)->str:
     lines = [l for l in str(e).strip().splitlines() if l.strip()]
     return lines[-1].strip() if lines else type(e).__name__
@@ -227,8 +231,7 @@ def run_experiment(name:str, # experiment (notebook stem)
     try:
         # the kernel imports the fusion_nb whose sources `package_hash` fingerprinted, not another install;
         # OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep, not spin, on a busy machine (same results)
-        pythonpath = os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
-        with atomic_dir(out) as tmp, _env(FUSION_NB_ROOT=profile.root, PYTHONPATH=pythonpath, OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')):
+        with atomic_dir(out) as tmp, _env(FUSION_NB_ROOT=profile.root, PYTHONPATH=_kernel_pythonpath(), OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')):
             try:
                 papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**inputs['parameters'], 'output_dir': str(tmp)},
                                            kernel_name='python3', cwd=str(nb.parent), progress_bar=progress)
@@ -295,7 +298,7 @@ def _connect(ray, address:str|None, profile:Profile, log)->None:
 def _submit(ray, jobs:Mapping[str, dict], profile:Profile, output_root, force:bool)->dict:
     "Ray task per job with the profile's resources, the driver's environment and fusion_nb sources; ObjectRef → label."
     env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
-    pythonpath = os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
+    pythonpath = _kernel_pythonpath()
     task, options = ray.remote(_ray_task), dict(num_cpus=profile.cpus_per_experiment, num_gpus=profile.gpus_per_experiment,
                                                  max_retries=0, runtime_env={'env_vars': {'PYTHONPATH': pythonpath}})
     return {task.options(name=f'fusion-nb {label}', **options).remote(job, profile, output_root, force, env): label
