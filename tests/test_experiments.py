@@ -50,3 +50,17 @@ def test_task_vector_cosine(micro_project, tmp_path):
     flat = lambda tv: torch.cat([tv[k].double().flatten() for k in sorted(tv)])
     ref = float(torch.nn.functional.cosine_similarity(flat(a), flat(b), dim=0))
     assert sim.loc['shapes', 'colors'] == pytest.approx(ref, abs=1e-6) and sim.loc['colors', 'colors'] == 1.0
+
+def test_every_evaluation_takes_the_profiles_autocast():
+    "The profile key `autocast` is not dead: every evaluation an experiment runs on the profile's test budget passes it on."
+    import json, re
+    from pathlib import Path
+    calls = []
+    for nb in sorted(Path(__file__).parents[1].glob('nbs/experiments/*.ipynb')):
+        for c in json.loads(nb.read_text())['cells']:
+            src = ''.join(c['source'])
+            for m in re.finditer(r'\b(evaluate|merge_ensemble_gap|evaluate_routed)\((?:[^()]|\([^()]*\))*\)', src):
+                if 'max_samples=P.max_test_samples' in m.group(0): calls.append((nb.name, m.group(0)))
+    assert len(calls) >= 6
+    missing = [f'{n}: {c[:80]}' for n, c in calls if 'autocast=P.autocast' not in c]
+    assert not missing, missing

@@ -100,6 +100,7 @@ def evaluate_routed(models:Mapping[str, RoutedEnsemble], # row name → routed e
                     tasks:Sequence[str]|None=None, # default: every task of the pool
                     *, batch_size:int=128, max_samples:int=0, num_workers:int=0, seed:int=0, progress:bool=True,
                     columns:Mapping|None=None, # constant key columns added to every record
+                    autocast:str='none', # forward passes under torch.autocast (the profile's `autocast`)
                    )->pd.DataFrame:
     "Accuracy and loss of each routed ensemble on each task, as `evaluate`'s tidy records (model, task, metric, value)."
     columns, clip, device = dict(columns or {}), model_pool.clip, model_pool.device
@@ -115,7 +116,7 @@ def evaluate_routed(models:Mapping[str, RoutedEnsemble], # row name → routed e
                                     spec.per_sample, spec.combine).to(device) for m, spec in models.items()}
         loader = image_loader(task.load(max_samples=max_samples, seed=seed), model_pool.processor, batch_size, num_workers,
                               pin_memory=device.type == 'cuda')
-        for m, res in evaluate_task(clfs, loader, device, progress, desc=f'task {t!r}').items():
+        for m, res in evaluate_task(clfs, loader, device, progress, desc=f'task {t!r}', autocast=autocast).items():
             records += [{'model': m, 'task': t, 'metric': k, 'value': v, **columns} for k, v in res.items()]
     return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value', *columns])
 
@@ -129,6 +130,7 @@ def merge_ensemble_gap(results:Mapping[str, Any], # row → what a merge returne
                        combine:str='logits', # how ensembles combine outputs ('logits', paper 001; or 'probs')
                        reference_rows:bool=True, # add the Pre-trained and Fine-tuned rows
                        batch_size:int=128, max_samples:int=0, num_workers:int=0, seed:int=0, progress:bool=True,
+                       autocast:str='none', # forward passes under torch.autocast (the profile's `autocast`)
                       )->pd.DataFrame:
     "Tidy records (method, task, measure, metric, value): each merge's scores (Mer.) and its same-weights ensemble's (Ens.)."
     pretrained = model_pool.vision_state(PRETRAINED) if pretrained is None else pretrained
@@ -145,7 +147,7 @@ def merge_ensemble_gap(results:Mapping[str, Any], # row → what a merge returne
         if w is None: continue
         ens = output_ensemble(pretrained, experts, w, combine)
         (routed if isinstance(ens, RoutedEnsemble) else rows)[f'Ens.:{row}'] = (ens, row, 'Ens.', tasks)
-    kw = dict(batch_size=batch_size, max_samples=max_samples, num_workers=num_workers, seed=seed, progress=progress)
+    kw = dict(batch_size=batch_size, max_samples=max_samples, num_workers=num_workers, seed=seed, progress=progress, autocast=autocast)
     recs = [evaluate({k: v[0] for k, v in rows.items()}, model_pool, task_pool, {k: v[3] for k, v in rows.items()}, **kw)]
     if routed: recs.append(evaluate_routed({k: v[0] for k, v in routed.items()}, model_pool, task_pool, tasks, **kw))
     out = pd.concat(recs, ignore_index=True)
