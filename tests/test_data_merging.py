@@ -145,20 +145,13 @@ def test_sampled_fisher_ignores_labels_and_is_seeded():
 
 # ---------------------------------------------------------------- end to end on the micro benchmark
 
-TASKS = ['gtsrb', 'mnist', 'eurosat']
+from conftest import MICRO_BENCH_TASKS
+TASKS = MICRO_BENCH_TASKS   # the experts of the micro_pools fixture (conftest.py)
 
 @pytest.fixture(scope='module')
-def micro(tmp_path_factory):
-    from fusion_nb.tiny.build import build_benchmark
-    from fusion_nb.pools import ModelPool, TaskPool, Task, PRETRAINED
+def micro(micro_pools):
     from fusion_nb.methods.data import MergeData
-    base = build_benchmark('micro', root=tmp_path_factory.mktemp('data_merging'), progress=False)
-    models = ModelPool(base/'models'/'clip-vit-tiny', {t: base/'models'/f'clip-vit-tiny_{t}' for t in TASKS}, device='cpu')
-    tasks = TaskPool([Task(t, base/'datasets'/t) for t in TASKS])
-    pre = models.vision_state(PRETRAINED)
-    experts = {t: models.vision_state(t) for t in TASKS}
-    return dict(models=models, tasks=tasks, pre=pre, experts=experts, data=MergeData(models, tasks, seed=0),
-                data1=MergeData(models, tasks, seed=1))
+    return {**micro_pools, 'data1': MergeData(micro_pools['models'], micro_pools['tasks'], seed=1)}
 
 SMALL = {'fisher_merging': dict(num_fisher_examples=8, batch_size=4),
          'regmean': dict(num_regmean_examples=8, batch_size=4)}

@@ -12,21 +12,14 @@ from fusion_nb.methods.adamerging import (StackedTaskVectors, adamerging_backwar
 from fusion_nb.methods.concrete import sample_mask
 from fusion_nb.methods.data import entropy_loss
 from fusion_nb.methods.we_moe import WeightEnsemblingMLP, _layers, build_we_moe, we_moe_backward
+from conftest import MICRO_BENCH_TASKS
 
-TASKS = ['gtsrb', 'mnist', 'eurosat']
+TASKS = MICRO_BENCH_TASKS   # the experts of the micro_pools fixture (conftest.py)
 
 @pytest.fixture(scope='module')
-def micro(tmp_path_factory):
-    from fusion_nb.tiny.build import build_benchmark
-    from fusion_nb.pools import ModelPool, TaskPool, Task, PRETRAINED
-    from fusion_nb.methods.data import MergeData
-    base = build_benchmark('micro', root=tmp_path_factory.mktemp('test_time'), progress=False)
-    models = ModelPool(base/'models'/'clip-vit-tiny', {t: base/'models'/f'clip-vit-tiny_{t}' for t in TASKS}, device='cpu')
-    tasks = TaskPool([Task(t, base/'datasets'/t) for t in TASKS])
-    data = MergeData(models, tasks, seed=0)
-    batches = {t: next(data.unlabelled(t, 4 + i)) for i, t in enumerate(TASKS)}   # unequal sizes on purpose
-    return dict(models=models, data=data, pre=models.vision_state(PRETRAINED), experts={t: models.vision_state(t) for t in TASKS},
-                batches=batches)
+def micro(micro_pools):
+    batches = {t: next(micro_pools['data'].unlabelled(t, 4 + i)) for i, t in enumerate(TASKS)}   # unequal sizes on purpose
+    return {**micro_pools, 'batches': batches}
 
 def _moe(micro, **kw):
     "A WE-MoE encoder of the micro experts whose routers really depend on the input."
