@@ -144,5 +144,7 @@ def test_bad_backbone_requests(project):
         backbone_profile(load_profile('clip-vit-b32', settings=root/'settings.ini'), 1)
     with pytest.raises(FusionError, match=r"second_expert_template = './x' must name each expert with '\{task\}'"):
         backbone_profile(load_profile('micro', settings=root/'settings.ini', second_expert_template='./x'), 1, build=False)
+    with pytest.raises(UnknownNameError, match=r"profile 'micro' has no expert for task\(s\) \['sun397', 'stanford_cars', 'eurosat', 'dtd'\]"):
+        backbone_models(load_profile('micro', settings=root/'settings.ini'), 1)   # paper 000's eight tasks: four lack a second-backbone expert
     with pytest.raises(FusionError, match="unknown key 'second_pretraind' \\(did you mean 'second_pretrained'"):
         load_profile('micro', settings=root/'settings.ini', second_pretraind='./x')
