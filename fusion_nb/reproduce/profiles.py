@@ -15,9 +15,9 @@ import torch
 from ..core import FusionError, UnknownNameError, get_device, get_dtype, project_root
 
 # %% auto #0
-__all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'SCRATCH', 'SWEEPS', 'Profile', 'is_local', 'resolve_source',
-           'settings_path', 'list_profiles', 'declared_parameters', 'check_keys', 'load_profile', 'hub_reachable',
-           'missing_from_cache', 'prepare', 'resolved_revisions']
+__all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'SCRATCH', 'SWEEPS', 'Profile', 'is_local',
+           'resolve_source', 'settings_path', 'list_profiles', 'declared_parameters', 'check_keys', 'load_profile',
+           'hub_reachable', 'missing_from_cache', 'prepare', 'resolved_revisions']
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #fc87d834
 @dataclass
@@ -74,6 +74,8 @@ AUTOCAST = ('none', 'bfloat16', 'float16')
 BUDGET_KEYS = {'fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_batch_size', 'adamerging_steps', 'adamerging_lr',
                'concrete_ta_steps', 'concrete_lw_steps', 'concrete_lr', 'wemoe_steps', 'wemoe_lr',
                'neulig_steps', 'neulig_lr', 'neulig_batch_size'}
+# a second backbone of another architecture (paper 001, Table s6), read by fusion_nb.tiny.second_backbone
+BACKBONE_KEYS = {'second_pretrained', 'second_expert_template'}
 SCRATCH = 'scratch'  # outputs/scratch/: notebooks run outside the runner write there; no profile may take the name
 SWEEPS = 'sweeps'    # outputs/sweeps/<profile>/<experiment>/: the points of `fusion-nb sweep`; no profile may take the name
 _TRUE, _FALSE = ('1', 'true', 'yes', 'on'), ('0', 'false', 'no', 'off', '')
@@ -128,13 +130,13 @@ def declared_parameters(root:str|Path)->set[str]:
 
 def check_keys(name:str, raw:dict, path:Path, root:Path)->None:
     "Fail on a key of profile `name` that neither the library nor any experiment notebook reads, suggesting close ones."
-    known = _KNOWN | BUDGET_KEYS | declared_parameters(root)
+    known = _KNOWN | BUDGET_KEYS | BACKBONE_KEYS | declared_parameters(root)
     for key in raw:
         if key in known or key.startswith(('expert.', 'dataset.')): continue
         close = difflib.get_close_matches(key, sorted(known), n=3)
         raise FusionError(f"profile {name!r} in {path}: unknown key {key!r}"
                           + (f" (did you mean {', '.join(map(repr, close))}?)" if close else '')
-                          + f". Known keys: {', '.join(sorted(_KNOWN | BUDGET_KEYS))}, expert.<task>, dataset.<task>, "
+                          + f". Known keys: {', '.join(sorted(_KNOWN | BUDGET_KEYS | BACKBONE_KEYS))}, expert.<task>, dataset.<task>, "
                           "and the parameters the experiment notebooks declare")
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #09787c7c
