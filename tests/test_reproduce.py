@@ -263,6 +263,17 @@ def test_local_data_counts_by_content(project):
     (b/'model.safetensors').unlink()
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
 
+def test_a_second_backbone_counts_by_content(project):
+    "Paper 001's second backbone (profile keys second_pretrained / second_expert_template) is data like the first."
+    ini = project/'settings.ini'
+    ini.write_text(ini.read_text().replace('should_fail = no', 'should_fail = no\nsecond_pretrained = ./models/b\nsecond_expert_template = ./models/b_{task}'))
+    for d in ['b', 'b_a', 'b_b']:
+        (project/'models'/d).mkdir(parents=True); (project/'models'/d/'model.safetensors').write_bytes(d.encode() * 8)
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
+    assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped'}
+    (project/'models'/'b_b'/'model.safetensors').write_bytes(b'x' * 24)   # one second-backbone expert changed
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
+
 def test_outputs_follow_the_umask_and_killed_runs_leave_no_temporaries(project):
     out = project/'outputs'/'demo'; out.mkdir(parents=True)
     dead = subprocess.Popen(['true']); dead.wait()

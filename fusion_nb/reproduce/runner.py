@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..core import FusionError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes, project_root, remove_stale_temps
-from .profiles import PLACEMENT_KEYS, SWEEPS, Profile, is_local, list_profiles, load_profile, prepare, resolved_revisions
+from .profiles import PLACEMENT_KEYS, SWEEPS, Profile, is_local, list_profiles, load_profile, prepare, resolve_source, resolved_revisions
 from .reports import write_report
 import fusion_nb
 
 # %% auto #0
 __all__ = ['BACKENDS', 'experiments_dir', 'list_experiments', 'experiment_title', 'select_experiments', 'notebook_parameters',
-           'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache', 'data_fingerprint',
-           'experiment_inputs', 'why_rerun', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
-           'run_experiment', 'ray_module', 'run_local', 'run_on_ray', 'run_jobs', 'check_backend',
+           'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache', 'second_backbone_sources',
+           'data_fingerprint', 'experiment_inputs', 'why_rerun', 'recorded_failures', 'experiment_paths', 'run_reason',
+           'record_failure', 'run_experiment', 'ray_module', 'run_local', 'run_on_ray', 'run_jobs', 'check_backend',
            'writable_profile_dir', 'profile_experiments', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep',
            'sweep', 'main']
 
@@ -104,6 +104,12 @@ def hash_cache(profile:Profile)->Path:
     "Where the runner keeps file hashes between runs: `<root>/data/cache/file_hashes` (git-ignored)."
     return profile.root/'data'/'cache'/'file_hashes'
 
+def second_backbone_sources(profile:Profile)->list[str]:
+    "The second backbone's pretrained model and experts (paper 001's Table s6), when the profile names one."
+    pre, template = (profile.extra.get(k, '').strip() for k in ('second_pretrained', 'second_expert_template'))
+    if not pre: return []
+    return [resolve_source(pre, profile.root), *(resolve_source(template.replace('{task}', t), profile.root) for t in profile.tasks if template)]
+
 def data_fingerprint(profile:Profile)->dict:
     "What the profile's local data is, by content: the built benchmark's files and those of other local sources."
     out, built = {}, None
@@ -112,7 +118,7 @@ def data_fingerprint(profile:Profile)->dict:
         built = benchmark_dir(profile.build, profile.root).resolve()
         files = {f: h for f, h in file_hashes(built, hash_cache(profile)).items() if f != 'manifest.json'}
         out['build'] = _sha(files) if files else 'not built'
-    for src in dict.fromkeys([profile.pretrained, *profile.experts.values(), *profile.datasets.values()]):
+    for src in dict.fromkeys([profile.pretrained, *profile.experts.values(), *profile.datasets.values(), *second_backbone_sources(profile)]):
         if not is_local(src): continue
         p = Path(src)
         if built is not None and p.resolve().is_relative_to(built): continue
