@@ -28,7 +28,7 @@ from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 __all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'counterfactual_loss', 'kd_loss', 'subset_predictions',
            'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels',
            'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe', 'class_subset',
-           'class_groups', 'group_predictions', 'evaluate_id_ood', 'evaluation_splits']
+           'class_groups', 'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'claim_findings']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -373,3 +373,22 @@ def evaluation_splits(tasks:Sequence[str], # the ID task and the shifted ones
         if task not in out: raise UnknownNameError(f"test split override {item!r}: unknown task {task!r}. Tasks: {', '.join(tasks)}")
         out[task] = split
     return out
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #695624f7
+def claim_findings(claims:Sequence[tuple], # (claim, row a, row b, column, sign): the claim is sign·(a − b) > 0
+                   values, # (row, column) → pd.Series of that row's values by seed
+                  )->pd.DataFrame:
+    "Per claim: the mean difference a − b over seeds, its range, each row's spread over seeds, and a verdict."
+    out = []
+    for claim, a, b, col, sign in claims:
+        if sign not in (1, -1): raise FusionError(f"claim {claim!r}: sign must be +1 or -1, got {sign!r}")
+        va, vb = values(a, col), values(b, col)
+        d = va - vb
+        if d.isna().any() or not len(d): raise FusionError(f"claim {claim!r}: rows {a!r} and {b!r} have no values for the same seeds")
+        noise = max(float(va.std(ddof=0)), float(vb.std(ddof=0)))
+        mean, ok = float(d.mean()), bool(sign * d.mean() > 0)
+        verdict = ((('holds' if ok else 'does not hold') + ' (one seed: spread unknown)') if len(d) == 1 else
+                   'within noise' if abs(mean) <= noise else 'holds' if ok else 'does not hold')
+        out.append({'claim': claim, 'difference (points)': mean, 'min over seeds': float(d.min()), 'max over seeds': float(d.max()),
+                    'seed std (larger row)': noise, 'holds': ok, 'every seed': bool((sign * d > 0).all()), 'verdict': verdict})
+    return pd.DataFrame(out).set_index('claim')
