@@ -100,3 +100,87 @@ def test_a_test_set_with_unknown_classes_is_named(imagenet_clip, tmp_path):
     with pytest.raises(FusionError, match=r"test set 'objectnet': test set classes not found among the 1000 ID classes: \['air_freshener'\]"):
         evaluate_id_ood({'zs': clip.vision_model}, clip, tok, proc, {'objectnet': ds}, IMAGENET.class_names, TEMPLATES,
                         id_wnids=IMAGENET_WNIDS, progress=False)
+
+def test_soup_of_two_saved_tiny_models(imagenet_clip, tmp_path):
+    "soup_state_dicts reads CLIPVisionModel and CLIPModel directories; their uniform soup is the tensor-by-tensor mean."
+    from transformers import CLIPVisionModel
+    from fusion_nb.checkpoints import vision_state_dict
+    from fusion_nb.masking.imagenet_data import soup_state_dicts
+    from fusion_nb.methods.soups import uniform_soup
+    clip, _, _ = imagenet_clip
+    g = torch.Generator().manual_seed(0)
+    dirs, sds = [], []
+    for i in range(2):   # two "fine-tunes": the pre-trained encoder moved at random, saved as transformers saves a CLIPVisionModel
+        enc = CLIPVisionModel(clip.config.vision_config)
+        enc.load_state_dict(clip.vision_model.state_dict())
+        with torch.no_grad():
+            for p in enc.parameters(): p.add_(0.1 * torch.randn(p.shape, generator=g))
+        enc.save_pretrained(tmp_path/f'ft{i}'); dirs.append(str(tmp_path/f'ft{i}'))
+        sds.append({k: v.clone() for k, v in enc.state_dict().items()})
+    clip.save_pretrained(tmp_path/'clip')   # a CLIPModel directory is an ingredient too (its vision tower)
+    pre = vision_state_dict(str(tmp_path/'clip'))
+    soup = uniform_soup(pre, soup_state_dicts(' '.join(dirs)), progress=False)
+    for k, v in sds[0].items():
+        if k.endswith('position_ids'): continue
+        assert torch.allclose(soup[k], (v + sds[1][k]) / 2, atol=1e-6), k
+    soup2 = uniform_soup(pre, soup_state_dicts([dirs[0], str(tmp_path/'clip')]), progress=False)
+    k = 'encoder.layers.0.self_attn.q_proj.weight'
+    assert torch.allclose(soup2[k], (sds[0][k] + clip.vision_model.state_dict()[k]) / 2, atol=1e-6)
+    with pytest.raises(FusionError, match='listed twice'): soup_state_dicts([dirs[0], dirs[0]])
+
+def test_comparison_notebook_takes_the_soup_from_soup_ingredients(tmp_path):
+    "Experiment 31 with `soup_ingredients` (two saved micro encoders): no soup fine-tunes, one soup for every seed, its mean as the ingredients' average scores."
+    import subprocess, sys
+    import pandas as pd
+    from conftest import REPO
+    from fusion_nb.checkpoints import load_vision_model
+    from fusion_nb.masking.counterfactual_ft import evaluate_id_ood
+    from fusion_nb.reproduce.profiles import load_profile
+    from fusion_nb.pools import ModelPool
+    a, b = [str(REPO/'data'/'micro'/'models'/f'clip-vit-tiny_{t}') for t in ('eurosat', 'dtd')]
+    out = tmp_path/'out'
+    yaml = f"thresholds: [0.5]\nwise_alphas: [0.5]\nfinetune_seeds: [0, 1]\nsoup_ingredients: '{a} {b}'\ntable2_images: 8"
+    r = subprocess.run([sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/'31_masked_images_comparison.ipynb'), str(tmp_path/'run.ipynb'),
+                        '-k', 'python3', '-p', 'profile', 'micro', '-p', 'output_dir', str(out), '-y', yaml],
+                       cwd=REPO/'nbs'/'experiments', capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs, res = pd.read_csv(out/'runs.csv'), pd.read_csv(out/'results.csv')
+    assert not runs.hparam.astype(str).str.startswith('lr×').any()   # no fine-tunes for the soup
+    assert sorted(m for m in res.model.unique() if m.startswith('uniform_soup')) == ['uniform_soup/s0']   # evaluated once
+    t3, t3s = pd.read_csv(out/'table3.csv', index_col=0), pd.read_csv(out/'table3_std.csv', index_col=0)
+    assert (t3s.loc['Uniform soup'] == 0).all()
+    # independently: average the two encoders by hand and score that model on the same test sets
+    tasks = ['imagenet', 'imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a']
+    P = load_profile('micro', tasks=tasks)
+    sa, sb = load_vision_model(a).state_dict(), load_vision_model(b).state_dict()
+    models = ModelPool(P.pretrained, {}, 'cpu')
+    avg = models.vision_model({k: (sa[k] + sb[k]) / 2 for k in sa})
+    from fusion_nb.pools import Task
+    from fusion_nb.masking.counterfactual_ft import evaluation_splits
+    splits = evaluation_splits(tasks, P.test_split, P.extra.get('test_splits'))
+    sets = {t: Task(t, P.datasets[t], split=splits[t]).load(splits[t], max_samples=P.max_test_samples, seed=P.seed) for t in tasks}
+    names = Task('imagenet', P.datasets['imagenet']).load('train').features['label'].names
+    from fusion_nb.catalog import templates_for
+    hand = evaluate_id_ood({'avg': avg}, models.clip, models.tokenizer, models.processor, sets, names, templates_for('imagenet'),
+                           batch_size=P.batch_size, progress=False).set_index('task')['value'] * 100
+    got = res[res.model == 'uniform_soup/s0'].set_index('task')['value']
+    assert got[tasks].values == pytest.approx(hand[tasks].values, abs=1e-9)
+    assert t3.loc['Uniform soup', 'IN'] == pytest.approx(hand['imagenet'], abs=1e-9)
+
+@pytest.mark.parametrize('notebook', ['30_masked_images.ipynb', '31_masked_images_comparison.ipynb'])
+def test_paper_profile_run_offline_names_every_missing_dataset(notebook, tmp_path):
+    "Run by papermill offline with an empty cache, a paper-003 notebook stops before any work, naming the six sets, the gated one and the folder layouts."
+    import os, subprocess, sys
+    from conftest import REPO
+    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'HF_HOME': str(tmp_path/'hf')}
+    r = subprocess.run([sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/notebook), str(tmp_path/'run.ipynb'), '-k', 'python3',
+                        '-p', 'profile', 'clip-vit-b32-imagenet', '-p', 'output_dir', str(tmp_path/'out')],
+                       cwd=REPO/'nbs'/'experiments', capture_output=True, text=True, env=env)
+    assert r.returncode != 0
+    err = r.stderr
+    assert "paper 003's datasets are not all readable (the hub ids are unverified" in err
+    assert "hub dataset 'ILSVRC/imagenet-1k' is not in the local cache" in err and 'It is gated' in err
+    for t in ('imagenet_r', 'imagenet_sketch', 'imagenet_a'): assert f'set dataset.{t} = path' in err, t
+    if not (REPO/'data'/'paper003').exists():
+        assert 'imagenet_v2: no dataset folder at' in err and 'objectnet: no dataset folder at' in err and 'red border' in err
+    assert not (tmp_path/'out').exists() or not any((tmp_path/'out').iterdir())   # nothing was computed
