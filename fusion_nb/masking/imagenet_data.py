@@ -15,7 +15,7 @@ from ..checkpoints import LazyStateDict, hub_revision, is_local_source, vision_s
 from ..core import FusionError
 
 # %% auto #0
-__all__ = ['PAPER003_SOURCES', 'ShiftSource', 'check_sources', 'IdText', 'id_text', 'soup_state_dicts']
+__all__ = ['PAPER003_SOURCES', 'ShiftSource', 'save_image_folders', 'check_sources', 'IdText', 'id_text', 'soup_state_dicts']
 
 # %% ../../nbs/masking/43_imagenet_data.ipynb #50cac713
 @dataclass(frozen=True)
@@ -26,23 +26,57 @@ class ShiftSource:
     gated:bool        # the hub copy needs accepted terms and a token
     split:str         # the split evaluated (fine-tuning uses ImageNet's `train`)
     folders:str       # the image folders a local copy is made from
+    options:str = ''  # save_image_folders' keywords for this set
 
     def how_to_save(self)->str:
         "How to write the local folder the profile's `dataset.<task>` can point at."
-        return (f"save `DatasetDict({{'{self.split}': ds}}).save_to_disk(path)` with ds = `load_dataset('imagefolder', "
-                f"data_dir=...)['train']` over {self.folders}, and set dataset.{self.task} = path")
+        return (f"from {self.folders}, run `fusion_nb.masking.imagenet_data.save_image_folders(<that folder>, path, "
+                f"'{self.split}'{self.options})` and set dataset.{self.task} = path")
 
 PAPER003_SOURCES:dict[str, ShiftSource] = {s.task: s for s in [
-    ShiftSource('imagenet', 'ILSVRC/imagenet-1k', True, 'validation', "ILSVRC-2012's train/ and val/ folders (one per WordNet id, n01440764 …; "
-                "a `train` split too, for fine-tuning)"),
+    ShiftSource('imagenet', 'ILSVRC/imagenet-1k', True, 'validation', "ILSVRC-2012's train/ and val/ folders (one folder per WordNet id, n01440764 …; "
+                "give both: `{'train': <train/>, 'validation': <val/>}` as the first argument)"),
     ShiftSource('imagenet_v2', None, False, 'test', "imagenetv2-matched-frequency-format-val/ (folders 0 … 999: ImageNet label indices) "
                 "from the archives of github.com/modestyachts/ImageNetV2"),
     ShiftSource('imagenet_r', 'axiong/imagenet-r', False, 'test', "imagenet-r/ (200 folders named by WordNet id)"),
     ShiftSource('imagenet_sketch', 'songweig/imagenet_sketch', False, 'train', "sketch/ (1000 folders named by WordNet id)"),
-    ShiftSource('objectnet', None, False, 'test', "the 113 folders of objectnet-1.0/images/ that catalog.OBJECTNET_TO_IMAGENET lists, "
-                "each image first cropped by 2 pixels per side (its red border, paper 003 appendix B)"),
+    ShiftSource('objectnet', None, False, 'test', "objectnet-1.0/images/ (keeping the 113 folders catalog.OBJECTNET_TO_IMAGENET lists, "
+                "each image cropped by 2 pixels per side: its red border, paper 003 appendix B)", ', keep=OBJECTNET_TO_IMAGENET, crop=2'),
     ShiftSource('imagenet_a', 'axiong/imagenet-a', False, 'test', "imagenet-a/ (200 folders named by WordNet id)"),
 ]}
+
+# %% ../../nbs/masking/43_imagenet_data.ipynb #7f8b7753
+def _image_folder_split(src, keep, crop):
+    "One split from a folder of class folders: the kept classes only, relabelled, images cropped."
+    from datasets import ClassLabel, load_dataset
+    if not Path(src).is_dir(): raise FusionError(f"save_image_folders: {src} is not a folder of class folders")
+    ds = load_dataset('imagefolder', data_dir=str(src), split='train')
+    names = ds.features['label'].names
+    kept = [n for n in names if keep is None or n in keep]
+    absent = sorted(set(keep or ()) - set(names))
+    if absent: raise FusionError(f"save_image_folders: {len(absent)} class folder(s) to keep are not in {src}: {absent[:5]}")
+    new = {names.index(n): i for i, n in enumerate(kept)}
+    def relabel(e):
+        im = e['image']
+        if crop: im = im.crop((crop, crop, im.width - crop, im.height - crop))
+        return {'image': im, 'label': new[e['label']]}
+    return ds.filter(lambda y: y in new, input_columns='label').map(relabel).cast_column('label', ClassLabel(names=kept))
+
+def save_image_folders(src:str|Path|dict, # a folder of class folders (ObjectNet's images/, ImageNet-V2's 0 … 999, …), or split → folder
+                       out:str|Path, # where to save the DatasetDict (a profile's dataset.<task>)
+                       split:str='test', # the split name the profile evaluates (when `src` is one folder)
+                       *,
+                       keep:Sequence[str]|None=None, # only these class folders (e.g. OBJECTNET_TO_IMAGENET's 113); all when None
+                       crop:int=0, # pixels cropped from every side of each image (ObjectNet: 2, its red border)
+                      )->Path:
+    "Save the images of class folders as DatasetDict splits whose ClassLabel names are the kept folder names."
+    from datasets import DatasetDict
+    if crop < 0: raise FusionError(f"save_image_folders: crop must be ≥ 0 pixels, got {crop}")
+    srcs = dict(src) if isinstance(src, dict) else {split: src}
+    dd = DatasetDict({s: _image_folder_split(d, keep, crop) for s, d in srcs.items()})
+    if len({tuple(d.features['label'].names) for d in dd.values()}) > 1: raise FusionError(f"save_image_folders: the splits' class folders differ ({', '.join(srcs)})")
+    dd.save_to_disk(str(out))
+    return Path(out)
 
 # %% ../../nbs/masking/43_imagenet_data.ipynb #1d573d2e
 def _hub_problem(task:str, src:str, reachable:bool, cached:set[str])->str|None:
