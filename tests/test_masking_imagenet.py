@@ -184,3 +184,23 @@ def test_paper_profile_run_offline_names_every_missing_dataset(notebook, tmp_pat
     if not (REPO/'data'/'paper003').exists():
         assert 'imagenet_v2: no dataset folder at' in err and 'objectnet: no dataset folder at' in err and 'red border' in err
     assert not (tmp_path/'out').exists() or not any((tmp_path/'out').iterdir())   # nothing was computed
+
+def test_with_hub_access_a_gated_set_without_accepted_terms_is_named(monkeypatch):
+    "With the hub reachable, only the gated ImageNet-1k is asked about (huggingface_hub.auth_check); refused, the message says what to do."
+    import huggingface_hub, requests
+    from huggingface_hub.errors import GatedRepoError
+    from fusion_nb.masking.imagenet_data import check_sources
+    from fusion_nb.reproduce.profiles import load_profile
+    asked = []
+    def refuse(repo_id, repo_type=None, **kw):
+        asked.append((repo_id, repo_type))
+        r = requests.Response(); r.status_code, r.url = 403, f'https://huggingface.co/api/datasets/{repo_id}'
+        raise GatedRepoError('gated', response=r)
+    monkeypatch.setattr(huggingface_hub, 'auth_check', refuse)
+    p = load_profile('clip-vit-b32-imagenet')
+    hub_tasks = [t for t in p.tasks if not p.datasets[t].startswith('/')]
+    with pytest.raises(FusionError, match=r"imagenet: your token has no access to the gated 'ILSVRC/imagenet-1k'\. It is gated: accept its terms"):
+        check_sources(p, hub_tasks, hub_reachable=True)
+    assert asked == [('ILSVRC/imagenet-1k', 'dataset')]
+    monkeypatch.setattr(huggingface_hub, 'auth_check', lambda repo_id, repo_type=None, **kw: None)
+    check_sources(p, hub_tasks, hub_reachable=True)   # access granted, every set on the hub: nothing to say
