@@ -297,6 +297,8 @@ def class_groups(id_class_names:Sequence[str], # the ID task's classes, in label
     n = len(id_class_names)
     if id_wnids is not None and len(id_wnids) != n: raise FusionError(f"{len(id_wnids)} WordNet ids for {n} ID classes")
     if any(len(a) != n for a in id_aliases): raise FusionError(f"ID class aliases must list {n} names each, got {[len(a) for a in id_aliases]}")
+    if any(list(class_names) == list(a) for a in (id_class_names, *id_aliases)):   # the ID label space itself, even where names repeat
+        return [[i] for i in range(n)]
     keys = {}   # name → the set of ID labels it names
     for names in (id_class_names, *id_aliases, *([id_wnids, [str(i) for i in range(n)]] if id_wnids is not None else [])):
         for i, k in enumerate(names): keys.setdefault(k, set()).add(i)
