@@ -187,7 +187,7 @@ def test_paper_003_profiles_parse_and_fail_at_once_offline(tmp_path, name, model
     from fusion_nb.reproduce.profiles import load_profile
     p = load_profile(name)
     assert p.tasks == ['imagenet', 'imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a'] and p.hub and p.pretrained == model
-    assert p.datasets['imagenet'] == 'ILSVRC/imagenet-1k' and p.class_names == 'dataset'
+    assert p.datasets['imagenet'] == 'ILSVRC/imagenet-1k' and p.class_names == 'catalog' and p.extra['soup_ingredients'] == ''
     assert evaluation_splits(p.tasks, p.test_split, p.extra['test_splits'])['imagenet'] == 'validation'
     t0 = time.time()
     r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))',

@@ -17,6 +17,7 @@ from torch import nn, Tensor
 from tqdm.auto import tqdm
 from transformers import CLIPModel, CLIPVisionModel, get_cosine_schedule_with_warmup
 
+from ..catalog import OBJECTNET_TO_IMAGENET
 from ..core import FusionError, HyperparameterError, NonFiniteError, UnknownNameError, check_range, get_device, seed_everything
 from ..evaluation import zeroshot_head
 from ..tiny.finetune import pixel_values
@@ -27,7 +28,7 @@ from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 __all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'counterfactual_loss', 'kd_loss', 'subset_predictions',
            'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels',
            'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe', 'class_subset',
-           'evaluate_id_ood', 'evaluation_splits']
+           'class_groups', 'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'claim_findings']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -284,6 +285,50 @@ def class_subset(id_class_names:Sequence[str], # the classes of the ID task, in 
     if missing: raise FusionError(f"{len(missing)} class(es) of the test set are not ID classes: {missing[:5]}")
     return [pos[n] for n in class_names]
 
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #b16ae1d2
+def class_groups(id_class_names:Sequence[str], # the ID task's classes, in label order
+                 class_names:Sequence[str], # a test set's ClassLabel names, in its label order
+                 *,
+                 id_wnids:Sequence[str]|None=None, # the ID classes' WordNet ids (ImageNet: catalog.IMAGENET_WNIDS)
+                 id_aliases:Sequence[Sequence[str]]=(), # other label-ordered names of the ID classes (the ID dataset's own)
+                 groups:dict|None=None, # test class name → the WordNet ids it stands for (default: catalog.OBJECTNET_TO_IMAGENET)
+                )->list[list[int]]:
+    "The ID labels each class of a test set stands for; an error naming the classes that match none, or several."
+    n = len(id_class_names)
+    if id_wnids is not None and len(id_wnids) != n: raise FusionError(f"{len(id_wnids)} WordNet ids for {n} ID classes")
+    if any(len(a) != n for a in id_aliases): raise FusionError(f"ID class aliases must list {n} names each, got {[len(a) for a in id_aliases]}")
+    if any(list(class_names) == list(a) for a in (id_class_names, *id_aliases)):   # the ID label space itself, even where names repeat
+        return [[i] for i in range(n)]
+    keys = {}   # name → the set of ID labels it names
+    for names in (id_class_names, *id_aliases, *([id_wnids, [str(i) for i in range(n)]] if id_wnids is not None else [])):
+        for i, k in enumerate(names): keys.setdefault(k, set()).add(i)
+    wnid_pos = {w: i for i, w in enumerate(id_wnids)} if id_wnids is not None else {}
+    groups = OBJECTNET_TO_IMAGENET if groups is None else groups
+    out, unknown, ambiguous = [], [], []
+    for c in class_names:
+        if wnid_pos and c in groups and all(w in wnid_pos for w in groups[c]): out.append([wnid_pos[w] for w in groups[c]])
+        elif len(keys.get(c, ())) == 1: out.append(list(keys[c]))
+        else: (ambiguous if c in keys else unknown).append(c)
+    if unknown or ambiguous:
+        raise FusionError(f"test set classes not found among the {n} ID classes: {unknown[:5]}{'…' if len(unknown) > 5 else ''}"
+                          + (f"; names shared by several ID classes: {ambiguous[:5]}" if ambiguous else '')
+                          + ("; classes are matched by ID class name" + (", WordNet id, ImageNet label index or ObjectNet folder name" if wnid_pos else '')))
+    return out
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #3ac5ec47
+def group_predictions(logits:Tensor, # (batch, ID classes)
+                      groups:Sequence[Sequence[int]], # per test class, the ID classes it stands for (class_groups)
+                     )->Tensor:
+    "(batch,) test-set labels: the test class owning the arg-max over every ID class the test set covers."
+    owner = torch.full((logits.shape[-1],), -1, dtype=torch.long, device=logits.device)
+    for g, ids in enumerate(groups):
+        ids = torch.as_tensor(list(ids), dtype=torch.long, device=logits.device)
+        if not len(ids) or int(ids.min()) < 0 or int(ids.max()) >= len(owner) or (owner[ids] >= 0).any() or len(set(ids.tolist())) < len(ids):
+            raise FusionError(f"class group {g} ({ids.tolist()[:5]}): expected distinct ID classes in 0..{len(owner) - 1}, each in one group")
+        owner[ids] = g
+    covered = (owner >= 0).nonzero().squeeze(1)
+    return owner[covered[logits[:, covered].argmax(-1)]]
+
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #5631fb0b
 @torch.no_grad()
 def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
@@ -292,6 +337,8 @@ def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
                     class_names:Sequence[str], templates:Sequence[str], # the ID task's classes and prompts
                     *,
                     heads:dict|None=None, # row name → its own [classes, D] head (e.g. LP-FT); default the zero-shot head
+                    id_wnids:Sequence[str]|None=None, # the ID classes' WordNet ids, for test sets named by them (paper scale)
+                    id_aliases:Sequence[Sequence[str]]=(), # other names of the ID classes (e.g. the ID dataset's ClassLabel names)
                     batch_size:int=256, device=None, progress:bool=True)->pd.DataFrame:
     "Top-1 accuracy of each encoder on each test set, predictions restricted to the test set's classes: tidy records."
     from fusion_nb.evaluation import image_loader
@@ -303,12 +350,13 @@ def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
     zs = {r: ZeroShotLogits(clip.visual_projection, clip.logit_scale, heads.get(r, head0)).to(device) for r in encoders}
     records = []
     for name, ds in tqdm(test_sets.items(), desc='test sets', disable=not progress):
-        subset = torch.tensor(class_subset(class_names, ds.features['label'].names), device=device)
+        try: groups = class_groups(class_names, ds.features['label'].names, id_wnids=id_wnids, id_aliases=id_aliases)
+        except FusionError as e: raise FusionError(f"test set {name!r}: {e}") from None
         correct, n = dict.fromkeys(encoders, 0), 0
         for batch in image_loader(ds, processor, batch_size):
-            x, y = batch['pixel_values'].to(device), subset[batch['label'].to(device)]
+            x, y = batch['pixel_values'].to(device), batch['label'].to(device)
             for r, enc in encoders.items():
-                correct[r] += int((subset_predictions(zs[r](enc.to(device).eval()(pixel_values=x).pooler_output), subset) == y).sum())
+                correct[r] += int((group_predictions(zs[r](enc.to(device).eval()(pixel_values=x).pooler_output), groups) == y).sum())
             n += len(y)
         if n == 0: raise FusionError(f"test set {name!r} is empty")
         records += [{'model': r, 'task': name, 'metric': 'accuracy', 'value': c / n} for r, c in correct.items()]
@@ -327,3 +375,22 @@ def evaluation_splits(tasks:Sequence[str], # the ID task and the shifted ones
         if task not in out: raise UnknownNameError(f"test split override {item!r}: unknown task {task!r}. Tasks: {', '.join(tasks)}")
         out[task] = split
     return out
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #695624f7
+def claim_findings(claims:Sequence[tuple], # (claim, row a, row b, column, sign): the claim is sign·(a − b) > 0
+                   values, # (row, column) → pd.Series of that row's values by seed
+                  )->pd.DataFrame:
+    "Per claim: the mean difference a − b over seeds, its range, each row's spread over seeds, and a verdict."
+    out = []
+    for claim, a, b, col, sign in claims:
+        if sign not in (1, -1): raise FusionError(f"claim {claim!r}: sign must be +1 or -1, got {sign!r}")
+        va, vb = values(a, col), values(b, col)
+        d = va - vb
+        if d.isna().any() or not len(d): raise FusionError(f"claim {claim!r}: rows {a!r} and {b!r} have no values for the same seeds")
+        noise = max(float(va.std(ddof=0)), float(vb.std(ddof=0)))
+        mean, ok = float(d.mean()), bool(sign * d.mean() > 0)
+        verdict = ((('holds' if ok else 'does not hold') + ' (one seed: spread unknown)') if len(d) == 1 else
+                   'within noise' if abs(mean) <= noise else 'holds' if ok else 'does not hold')
+        out.append({'claim': claim, 'difference (points)': mean, 'min over seeds': float(d.min()), 'max over seeds': float(d.max()),
+                    'seed std (larger row)': noise, 'holds': ok, 'every seed': bool((sign * d > 0).all()), 'verdict': verdict})
+    return pd.DataFrame(out).set_index('claim')
