@@ -347,3 +347,36 @@ def test_a_profile_runs_only_the_experiments_its_key_names(project):
     with pytest.raises(FusionError, match=r"profile 'typo', key experiments: unknown experiment\(s\) '02'"):
         reproduce('typo', log=lines.append, progress=False)
     assert set(run(project)[0]) == {'00_ok', '01_flaky'}                               # no key: every experiment
+
+def test_runner_keys_are_never_notebook_parameters(project):
+    "A profile's `experiments` (what the runner runs) is not injected into a notebook parameter of that name."
+    from fusion_nb.reproduce.runner import experiment_parameters
+    from fusion_nb.reproduce.profiles import load_profile
+    ini = project/'settings.ini'
+    ini.write_text(ini.read_text().replace('should_fail = no', 'should_fail = no\nexperiments = 00_ok'))
+    nb = project/'nbs'/'experiments'/'02_splits.ipynb'
+    write_nb(nb, OK_BODY, params="profile = 'demo'\noutput_dir = None\nbatch_size = 1\nexperiments = 'exp1 exp2'")
+    p = load_profile('demo')
+    assert p.experiments == ['00_ok']
+    assert experiment_parameters(nb, p) == {'profile': 'demo', 'batch_size': 8}
+
+def test_every_profile_injects_values_of_the_declared_types():
+    "For each real profile and each experiment it runs, an injected value has the type of the notebook's default (a str stays a str)."
+    import ast
+    from fusion_nb.reproduce.runner import experiment_parameters, notebook_parameters
+    from fusion_nb.reproduce.profiles import list_profiles, load_profile
+    repo = Path(__file__).parents[1]
+    notebooks = sorted((repo/'nbs'/'experiments').glob('*.ipynb'))
+    checked = 0
+    for name in list_profiles(repo/'settings.ini'):
+        p = load_profile(name, settings=repo/'settings.ini')
+        for nb in notebooks:
+            if p.experiments and not any(nb.stem.startswith(e) for e in p.experiments): continue
+            declared = notebook_parameters(nb)
+            for k, v in experiment_parameters(nb, p).items():
+                default = ast.literal_eval(declared[k]['default'])
+                if default is None or k == 'profile': continue
+                ok = isinstance(v, str) if isinstance(default, str) else not isinstance(v, str) or isinstance(default, (int, float))
+                assert ok, f"profile {name!r} injects {k} = {v!r} into {nb.name}, whose default is {default!r}"
+                checked += 1
+    assert checked   # some values meet a non-None default (e.g. device, batch sizes)

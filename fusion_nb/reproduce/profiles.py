@@ -48,7 +48,8 @@ class Profile:
 
     def params(self)->dict:
         "Simple values (str, int, bool, list) to inject as papermill parameters."
-        d = {k: v for k, v in asdict(self).items() if k not in ('root', 'extra', 'experts', 'datasets')}
+        # `experiments` and the placement keys are the runner's, never a notebook's (05_generalization once took `experiments` for its splits)
+        d = {k: v for k, v in asdict(self).items() if k not in ('root', 'extra', 'experts', 'datasets', 'experiments', *PLACEMENT_KEYS)}
         return {**d, **self.extra}
 
     def output_dir(self, experiment:str, # the experiment (notebook stem)
