@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,ray]"
+	$(BIN)/pip install -q -e ".[dev,ray,docs]"
 	touch $@
 
 reproduce: setup
@@ -28,9 +28,16 @@ test: setup
 export: setup
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean
 
-# The docs site (every library, method and experiment notebook, rendered by nbdev and Quarto) into _docs/.
-# Quarto is a binary outside PyPI: `pip install quarto-cli` only downloads it from GitHub while it builds.
+# The docs site (every library, method and experiment notebook) into _docs/: nbdev-docs with Quarto when Quarto is
+# on PATH, else Sphinx + myst-nb (fusion_nb.site) on the same notebooks processed by nbdev. Quarto is a binary outside
+# PyPI (`pip install quarto-cli` only downloads it from GitHub while it builds). Experiment pages show the executed
+# runs of outputs/$(DOCS_PROFILE)/ (default: tiny, else micro), written by `make reproduce`.
+DOCS_PROFILE ?=
 docs: setup
-	@command -v quarto >/dev/null 2>&1 || { echo "make docs needs Quarto on PATH (https://quarto.org/docs/download/, or" \
-	  "'$(BIN)/pip install quarto-cli' where GitHub is reachable)"; exit 2; }
-	$(BIN)/nbdev-docs --n-workers 1
+	@if command -v quarto >/dev/null 2>&1; then \
+	  echo "make docs: rendering with Quarto (nbdev-docs)"; $(BIN)/nbdev-docs --n-workers 1; \
+	else \
+	  echo "make docs: Quarto is not on PATH; rendering with Sphinx + myst-nb (fusion_nb.site)"; \
+	  $(BIN)/python -c 'from fusion_nb.site import main; main()' $(if $(DOCS_PROFILE),--profile $(DOCS_PROFILE)); \
+	fi
+	@echo "make docs: open _docs/index.html, or serve it: $(BIN)/python -m http.server -d _docs 8000"
