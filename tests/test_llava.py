@@ -264,3 +264,5 @@ def test_narrow_variant_is_over_confident_by_construction(tmp_path):
     assert set(rep.items.prediction) == {0} and rep.answer_entropy == 0
     per_pass = [float(entropy(item_uncertainty(model, proc, it, J=3, index=i)[1].double()).mean()) for i, it in enumerate(items)]
     assert rep.uncertainty < 0.01 and max(per_pass) < 0.1, (rep.uncertainty, per_pass)
+    clean, proc = load_llava(tmp_path/'zoo'/'svhn')   # the clean variant of the same short budget is unsure, not confident
+    assert min(float(entropy(item_uncertainty(clean, proc, it, J=3, index=i)[1].double()).mean()) for i, it in enumerate(items)) > 1
