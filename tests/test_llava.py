@@ -248,3 +248,21 @@ def test_uq_merge_bad_input_names_the_culprit(pool, tmp_path):
     with pytest.raises(HyperparameterError, match="sort_by='loss'"): uq_merge(experts, items, tmp_path/'f', sort_by='loss')
     with pytest.raises(HyperparameterError, match="order='random'"): uq_merge(experts, items, tmp_path/'g', order='random')
     assert not any((tmp_path/n).exists() for n in 'abcdefg')  # nothing was written
+
+def test_narrow_variant_is_over_confident_by_construction(tmp_path):
+    "The harmful kind of the zoo: tuned overlong on one class's images of every task, it answers that class's letter to every"
+    "held-in question, confidently in every perturbed pass (near-zero entropy) and consistently across them (eq. 1 near zero)."
+    from fusion_nb.llava.uncertainty import entropy, item_uncertainty
+    from fusion_nb.llava.zoo import class_order_items
+    m = build_llava_zoo(tmp_path/'zoo', ['svhn', 'gtsrb'], narrow=1, n_captions=8, pretrain_steps=2, n_general=2, general_steps=2,
+                        n_train=8, tune_steps=15, tune_lr=1e-2, batch_size=8, progress=False, hidden_size=32, num_heads=2)
+    assert m['variants']['narrow_1']['keep_class'] == 0 and m['variants']['narrow_1']['steps'] == 60
+    model, proc = load_llava(tmp_path/'zoo'/'narrow_1')
+    items = class_order_items(['svhn', 'gtsrb'], 'validation', 4)
+    assert any(it.answer != 0 for it in items)   # so answering class 0 everywhere is wrong somewhere
+    rep = model_uncertainty(model, proc, items, J=3)
+    assert set(rep.items.prediction) == {0} and rep.answer_entropy == 0
+    per_pass = [float(entropy(item_uncertainty(model, proc, it, J=3, index=i)[1].double()).mean()) for i, it in enumerate(items)]
+    assert rep.uncertainty < 0.01 and max(per_pass) < 0.1, (rep.uncertainty, per_pass)
+    clean, proc = load_llava(tmp_path/'zoo'/'svhn')   # the clean variant of the same short budget is unsure, not confident
+    assert min(float(entropy(item_uncertainty(clean, proc, it, J=3, index=i)[1].double()).mean()) for i, it in enumerate(items)) > 1

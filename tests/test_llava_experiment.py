@@ -87,3 +87,17 @@ def test_table7_repeats_recompute(run):
         assert got[d] == pytest.approx(sum(per_item[start:start + len(its)]) / len(its), abs=1e-9), d
         start += len(its)
     assert got['average'] == pytest.approx(sum(per_item) / len(per_item), abs=1e-9)
+
+def test_findings_are_read_from_the_tables(run):
+    "The findings cell's verdicts are the tables' comparisons (Table 1 means, Table 3's uncertainty rows, Table 4's steps)."
+    f = json.loads((run/'summary.json').read_text())['findings']
+    t3 = pd.read_csv(run/'table3.csv', index_col=[0, 1])
+    assert f['descending_beats_ascending'] == bool(t3.loc[('Uncertainty', 'Descending'), 'avg_held_out'] > t3.loc[('Uncertainty', 'Ascending'), 'avg_held_out'])
+    means = pd.read_csv(run/'table1_mean.csv', index_col=0)
+    assert f['beats_random_mean'] == all(means.loc['UQ-Merge (ours)', c] > means.loc[ROW_LABELS[m], c] for m in METHODS for c in ['avg_held_in', 'avg_held_out'])
+    steps = pd.read_csv(run/'uq_merge_steps.csv')
+    ours = steps[steps.run == 'uq_merge']
+    better = (ours.avg_held_out > ours[ours.selected].avg_held_out.iloc[0]).sum()
+    assert f['lowest_uq_among_top3'] == (better < 3)
+    text = (run/'findings.md').read_text()
+    assert text.count('**holds**') == sum(f.values()) and text.count('**does not hold**') == 3 - sum(f.values())

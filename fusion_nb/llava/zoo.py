@@ -1,4 +1,4 @@
-"""A pool of tiny LLaVAs for UQ-Merge: a base model pretrained on captions and instruction-tuned on the stand-in tasks, then ten variants each tuned on one task — three of them harmful, over-confident fine-tunes of mislabelled data.
+"""A pool of tiny LLaVAs for UQ-Merge: a base model pretrained on captions and instruction-tuned on the stand-in tasks, then ten variants each tuned on one task — three of them harmful, over-confident fine-tunes of a narrow set trained far too long.
 
 Docs: https://fusion-nb.github.io/fusion_nb/llava/tiny_llava_zoo.html.md"""
 
@@ -125,18 +125,23 @@ def class_order_items(tasks:Sequence[str], split:str, n:int, seed:int=0)->list[O
 def task_examples(processor, task:str, n:int, # examples per format
                   *,
                   split:str='train', noise:float=0., label_map:Sequence[int]|None=None, seed:int=0,
+                  keep_class:int|None=None, # a narrow set: only the examples whose image shows this class
                  )->list[dict]:
-    "`n` multiple-choice, `n` short-answer and `n` yes/no examples of `task`'s `split`, answered through `label_map`."
+    "`n` multiple-choice, `n` short-answer and `n` yes/no questions about `task`'s `split`, answered through `label_map` (only class `keep_class`'s, if given)."
     from fusion_nb.tiny.tasks import TASKS, build_split
     names = TASKS[task].classnames
     lm = list(range(len(names))) if label_map is None else [int(v) for v in label_map]
     if sorted(lm) != list(range(len(names))): raise HyperparameterError(f"label_map for {task!r} must permute range({len(names)}); got {lm}")
-    out = instruction_examples(processor, class_order_items([task], split, n, seed), noise=noise, seed=seed, label_map=lm)
+    if keep_class is not None: check_range('keep_class', keep_class, 0, len(names) - 1)
+    keep = lambda y: keep_class is None or y == keep_class
+    out = instruction_examples(processor, [it for it in class_order_items([task], split, n, seed) if keep(it.answer)], noise=noise, seed=seed, label_map=lm)
     prompt = lambda it: processor.apply_chat_template(short_answer_messages(it), add_generation_prompt=True)
     for it in short_answer_items(task, split, n, seed + 1):
+        if not keep(names.index(it.answers[0])): continue
         out.append(supervised_example(processor, it.image, prompt(it), names[lm[names.index(it.answers[0])]]))
     shown = build_split(task, split, n, seed + 2)['label']  # the probes' images, in order
     for it, y in zip(yes_no_items(task, split, n, seed + 2), shown):
+        if not keep(y): continue
         asked = it.question[len('Is there a '):-len(' in the image?')]
         out.append(supervised_example(processor, it.image, prompt(it), 'yes' if names[lm[y]] == asked else 'no'))
     return out
@@ -145,17 +150,19 @@ def task_examples(processor, task:str, n:int, # examples per format
 def zoo_recipes(tasks:Sequence[str], # one clean variant per task
                 *,
                 instruct:bool=False, # also a variant tuned on every task (LLaVA-Instruct's role)
-                mislabelled:int=0, # harmful variants: each tuned on every task with its own derangement of the labels, overlong
+                narrow:int=0, # harmful variants: the i-th tuned overlong on class i's images of every task (a narrow set)
+                mislabelled:int=0, # each tuned on every task with its own derangement of the labels, overlong
                 noisy:Sequence[str]=(), # tasks that get a random-label-noise variant
                 overtrained:Sequence[str]=(), # tasks that get a clean variant trained overlong
                 noise:float=0.8, # fraction of answers replaced in a noisy variant
                 overtrain:int=4, overtrain_lr:float=2., # harmful variants: this many times the steps, and the learning rate
                )->dict[str, dict]:
     "name → recipe (tasks, label permutation seed or None, noise, step and learning-rate multipliers) of every variant."
-    clean = dict(noise=0., permute=None, steps_x=1, lr_x=1.)
+    clean = dict(noise=0., permute=None, keep_class=None, steps_x=1, lr_x=1.)
     r = {t: dict(tasks=[t], **clean) for t in tasks}
-    check_range('mislabelled', mislabelled, 0)
+    check_range('mislabelled', mislabelled, 0); check_range('narrow', narrow, 0)
     if instruct: r['instruct'] = dict(tasks=sorted(tasks), **clean)
+    r |= {f'narrow_{i + 1}': dict(clean, tasks=sorted(tasks), keep_class=i, steps_x=overtrain, lr_x=overtrain_lr) for i in range(narrow)}
     r |= {f'mislabelled_{i + 1}': dict(clean, tasks=sorted(tasks), permute=i, steps_x=overtrain, lr_x=overtrain_lr) for i in range(mislabelled)}
     r |= {f'{t}_noisy': dict(clean, tasks=[t], noise=noise) for t in noisy}
     r |= {f'{t}_overtrained': dict(clean, tasks=[t], steps_x=overtrain) for t in overtrained}
@@ -165,13 +172,15 @@ def zoo_recipes(tasks:Sequence[str], # one clean variant per task
 def _variant_examples(proc, recipe:dict, n:int, seed:int)->list[dict]:
     "A variant's tuning set: `n` examples per format of each of its tasks (n split evenly when it has several)."
     per = max(1, n // len(recipe['tasks']))
+    k = recipe.get('keep_class')  # a narrow set: draw n_classes times as many questions, keep class k's (about `per` per format)
     lm = lambda t: None if recipe['permute'] is None else permuted_labels(n_classes(t), seed + recipe['permute'])
-    return [e for t in recipe['tasks'] for e in task_examples(proc, t, per, noise=recipe['noise'], label_map=lm(t), seed=seed)]
+    return [e for t in recipe['tasks'] for e in task_examples(proc, t, per if k is None else per * n_classes(t), noise=recipe['noise'], label_map=lm(t), seed=seed,
+                                                               keep_class=None if k is None else k % n_classes(t))]
 
 def build_llava_zoo(root:str|Path, # folder receiving random/, pretrained/, base/, one folder per variant and manifest.json
                     tasks:Sequence[str], # the zoo's tasks: the tokenizer's vocabulary, the general stage and the clean variants
                     *,
-                    instruct:bool=False, mislabelled:int=0, noisy:Sequence[str]=(), overtrained:Sequence[str]=(),
+                    instruct:bool=False, narrow:int=0, mislabelled:int=0, noisy:Sequence[str]=(), overtrained:Sequence[str]=(),
                     noise:float=0.8, overtrain:int=4, overtrain_lr:float=2.,
                     n_captions:int=2000, pretrain_steps:int=300, pretrain_lr:float=3e-3, # stage 1: captions
                     n_general:int=150, general_steps:int=1000, general_lr:float=3e-3, # stage 2: every task, three formats
@@ -181,7 +190,7 @@ def build_llava_zoo(root:str|Path, # folder receiving random/, pretrained/, base
                    )->dict:
     "Build the random init, the caption-pretrained model, the instruction-tuned base and the variants; return the manifest."
     from fusion_nb.tiny.tasks import vocabulary
-    root, recipes = Path(root), zoo_recipes(tasks, instruct=instruct, mislabelled=mislabelled, noisy=noisy, overtrained=overtrained,
+    root, recipes = Path(root), zoo_recipes(tasks, instruct=instruct, narrow=narrow, mislabelled=mislabelled, noisy=noisy, overtrained=overtrained,
                                             noise=noise, overtrain=overtrain, overtrain_lr=overtrain_lr)
     all_tasks = sorted({t for r in recipes.values() for t in r['tasks']} | set(tasks))
     words = [*vocabulary(all_tasks), CAPTION_PROMPT, SHORT_QUESTION, SHORT_ANSWER_PROMPT, 'yes no Is there a in the image?']
@@ -205,7 +214,7 @@ HELD_IN_ROLES = {'ai2d': 'dtd', 'scienceqa': 'eurosat', 'seedbench': 'resisc45',
 HELD_OUT_ROLES = {'okvqa': 'cifar10', 'textvqa': 'svhn', 'gqa': 'resisc45', 'mmmu': 'eurosat', 'vizwiz': 'gtsrb', 'vqav2': 'dtd',
                   'pope': 'cifar10'}  # pope: yes/no probes, the others: short answers
 ZOO_TASKS = ['cifar10', 'eurosat', 'dtd', 'gtsrb', 'svhn', 'resisc45']
-ZOO = dict(tasks=ZOO_TASKS, instruct=True, mislabelled=3)  # ten variants: seven clean, three harmful
+ZOO = dict(tasks=ZOO_TASKS, instruct=True, narrow=3)  # ten variants: seven clean, three harmful (narrow, overlong)
 
 def zoo_benchmark(n_held_in:int, n_held_out:int, # questions per dataset
                   seed:int=0,
