@@ -155,3 +155,53 @@ def test_balance_term_acts_only_in_the_semi_supervised_setting(micro):
     assert (trained('semi-supervised', 0.0) - trained('semi-supervised', 5.0)).abs().max() > 1e-4
     torch.testing.assert_close(trained('supervised', 0.0), trained('supervised', 5.0))
     with pytest.raises(HyperparameterError, match='balance'): train_portland(_model(micro), micro['data'], balance=-1, steps=1)
+
+# ---------------------------------------------------------------- Table s8: half-data experts and transfer
+
+def test_half_zoo_halves_are_disjoint_cover_the_split_and_give_different_experts(micro, tmp_path):
+    import json
+    from fusion_nb.checkpoints import vision_state_dict
+    from fusion_nb.neulig.half_zoo import HalfZooBudget, half_indices, half_zoo
+    from fusion_nb.tiny.finetune import finetune_vision
+    from fusion_nb.tiny.zoo import deterministic
+    budget = HalfZooBudget(steps=2, lr=1e-2, batch_size=4)
+    z = half_zoo(tmp_path/'halves', micro['models'], micro['tasks'], budget=budget, progress=False)
+    man = json.loads((tmp_path/'halves'/'manifest.json').read_text())['experts']
+    mp = micro['models']
+    for t in micro['names']:
+        task = micro['tasks'][t]
+        train = task.load(split='train')
+        idx = half_indices(len(train), budget.seed)
+        a, b = set(idx['A'].tolist()), set(idx['B'].tolist())
+        assert not a & b and a | b == set(range(len(train))) and len(a) == len(b) == len(train) // 2   # 12 samples: 6 + 6
+        assert man[f'{t}_A']['half_size'] + man[f'{t}_B']['half_size'] == len(train)
+        A, B = vision_state_dict(z['A'][t]), vision_state_dict(z['B'][t])
+        assert any(not torch.equal(A[k], B[k]) for k in A.keys()), f'{t}: model-A and model-B are the same'
+        # each expert saw its own half: fine-tuned here on that half, selected independently, it has the same weights
+        with deterministic(budget.threads):
+            mine = finetune_vision(mp.clip, mp.tokenizer, mp.processor, train.select(sorted(b)), task.class_names, task.templates,
+                                   steps=2, lr=1e-2, batch_size=4, seed=budget.seed, device='cpu', progress=False).state_dict()
+        assert all(torch.equal(mine[k], B[k]) for k in B.keys())
+
+def test_transfer_portland_keeps_coopvecs_and_merges_the_other_experts(micro):
+    from fusion_nb.neulig.neulig import transfer_portland
+    from fusion_nb.neulig.portland import merge_with_coopvec
+    src, x, mp = _model(micro), micro['x'], micro['models']
+    g = torch.Generator().manual_seed(1)
+    others = {t: {k: sd[k] + 0.05 * torch.randn(sd[k].shape, generator=g) if sd[k].is_floating_point() else sd[k] for k in sd.keys()}
+              for t, sd in micro['experts'].items()}
+    dst = transfer_portland(src, NeuLigModel(micro['pre'], others, mp.config))
+    heads = micro['data'].heads
+    with torch.no_grad():
+        c = src.coopvecs(x)
+        torch.testing.assert_close(dst.coopvecs(x), c)
+        got = CoopClassifier(dst, heads, 'colors', 'merge')(x)
+        for i in (0, 7):   # sample i: the *other* experts merged by its CoopVec, evaluated by the project's classifier
+            ref = _zeroshot(micro, mp.vision_model(merge_with_coopvec(micro['pre'], others, c[i])), 'colors')(x[i:i + 1])[0]
+            torch.testing.assert_close(got[i], ref, atol=2e-4, rtol=1e-4)
+        ens = CoopClassifier(dst, heads, 'colors', 'ensemble')(x)
+        probs = torch.stack([_zeroshot(micro, mp.vision_model(others[t]), 'colors')(x).exp() for t in dst.names])   # (K, batch, classes)
+        torch.testing.assert_close(ens, (c.T[:, :, None] * probs).sum(0).log(), atol=2e-4, rtol=1e-4)
+        assert (got - CoopClassifier(src, heads, 'colors', 'merge')(x)).abs().max() > 1e-4
+    with pytest.raises(IncompatibleModelsError, match='trained for experts'):
+        transfer_portland(src, NeuLigModel(micro['pre'], {'colors': others['colors'], 'shapes': others['shapes']}, mp.config))

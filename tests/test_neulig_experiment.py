@@ -108,3 +108,34 @@ def test_saved_portland_reproduces_the_rows_without_training(run):
     diag = pd.read_csv(run/'map_diagonal.csv')
     last = diag[(diag.setting == 'semi-supervised') & (diag.step == diag.step.max())].set_index('dataset')['diagonal']
     assert last.to_dict() == pytest.approx({t: m.coopvec_map.loc[t, t] for t in NEULIG_TASKS}, abs=1e-6)
+
+def test_table_s8_rows_reload_from_the_saved_portland_and_the_half_zoo(run):
+    "Table s8's last epoch: the saved Portland (trained over the model-As) loaded onto the As and onto the Bs, evaluated here, gives its rows."
+    from fusion_nb.neulig.half_zoo import HALVES, half_zoo_dir
+    s8 = pd.read_csv(run/'table_s8.csv', index_col=[0, 1])
+    assert [tuple(i) for i in s8.index] == [('Ori.', 'Mer.'), ('Ori.', 'Ens.'), ('Trans.', 'Mer.'), ('Trans.', 'Ens.')]
+    assert [int(c) for c in s8.columns] == [1, 2]   # micro: neulig_transfer_epochs
+    P = prepare(load_profile('micro', tasks=NEULIG_TASKS))
+    models, tasks = ModelPool.from_profile(P), TaskPool.from_profile(P)
+    data = MergeData(models, tasks, seed=P.seed)
+    pre = models.vision_state(PRETRAINED)
+    folder = half_zoo_dir(P.root, P.name)
+    for h, group in zip(HALVES, ('Ori.', 'Trans.')):
+        experts = {t: ModelPool(models.pretrained, {t: folder/f'{t}_{h}'}).vision_state(t) for t in NEULIG_TASKS}
+        m = neulig(pre, experts, data=data, load_from=run/'artefacts'/'neulig_transfer_model-A.portland.safetensors')
+        rec = neulig_records(m, data, batch_size=P.batch_size, seed=P.seed, progress=False)
+        acc = rec[rec.metric == 'accuracy'].groupby('level')['value'].mean() * 100
+        assert acc['merge'] == pytest.approx(s8.loc[(group, 'Mer.'), '2']) and acc['ensemble'] == pytest.approx(s8.loc[(group, 'Ens.'), '2'])
+
+def test_findings_are_read_from_the_tables(run, table):
+    findings = pd.read_csv(run/'findings.csv', index_col=0)
+    finding = pd.read_csv(run/'finding.csv', index_col=0)
+    for r in NEULIG:
+        assert findings.loc[f"{r}: Avg. Gap below every baseline's (Table s5)", 'holds here'] == finding.loc[r, 'Gap below every baseline Gap']
+        assert findings.loc[f"{r}: Avg. Mer. above every baseline's (Table s5)", 'holds here'] == finding.loc[r, 'Mer. above every baseline Mer.']
+        assert f"{table.loc[r, ('Avg.', 'Mer.')]:.2f}" in findings.loc[f"{r}: Avg. Mer. above every baseline's (Table s5)", 'this run']
+    s8 = pd.read_csv(run/'table_s8.csv', index_col=[0, 1])
+    diff = (s8.loc[('Ori.', 'Mer.')] - s8.loc[('Trans.', 'Mer.')]).abs().max()
+    row = findings.loc["Portland transferred to model-Bs: Avg. Mer. within 2 points of the As' at every epoch (Table s8)"]
+    assert row['holds here'] == (diff <= 2) and f'{diff:.2f}' in row['this run']
+    assert pd.read_csv(run/'routing.csv', index_col=0).index.tolist() == NEULIG

@@ -8,7 +8,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/neulig/neulig.html.md"""
 from __future__ import annotations
 import json, math
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -27,8 +27,9 @@ from .portland import NeuLigModel, coop_ensemble, expert_logits, merged_logits
 
 # %% auto #0
 __all__ = ['SETTINGS', 'LEVELS', 'neulig', 'visible_count', 'visible_split', 'visible_stream', 'neulig_loss', 'usage_balance',
-           'coopvec_map', 'map_diagonal', 'coopvec_frame', 'visible_features', 'train_portland', 'save_portland',
-           'load_portland', 'CoopClassifier', 'neulig_records', 'consistency_table']
+           'coopvec_map', 'map_diagonal', 'coopvec_frame', 'epoch_steps', 'visible_features', 'train_portland',
+           'save_portland', 'load_portland', 'transfer_portland', 'CoopClassifier', 'neulig_records',
+           'consistency_table']
 
 # %% ../../nbs/neulig/71_neulig.ipynb #740d12f6
 def visible_count(n:int, # size of the training split
@@ -105,6 +106,14 @@ def coopvec_frame(model:NeuLigModel, features:Mapping[str, Tensor])->pd.DataFram
         rows += [{'dataset': t, 'sample': i, 'expert': e, 'weight': float(c[i, k])} for i in range(len(c)) for k, e in enumerate(model.names)]
     return pd.DataFrame(rows)
 
+# %% ../../nbs/neulig/71_neulig.ipynb #487c1c72
+def epoch_steps(visible:Mapping[str, int], # task → number of visible training samples
+                batch_size:int)->int:
+    "Steps of one epoch, a pass over every task's visible samples: ⌈max n_t / b⌉ (a batch is never larger than its task's data)."
+    if not visible: raise FusionError("epoch_steps: no tasks")
+    check_interval('batch_size', batch_size, '[1, inf)')
+    return max(math.ceil(n / min(batch_size, n)) for n in visible.values())
+
 # %% ../../nbs/neulig/71_neulig.ipynb #2b757b02
 @torch.no_grad()
 def visible_features(model:NeuLigModel, data:MergeData, visible:Mapping, batch_size:int=128)->dict[str, Tensor]:
@@ -117,7 +126,9 @@ def train_portland(model:NeuLigModel, data:MergeData, *,
                    setting:str='semi-supervised', data_scale:float=1.0,
                    steps:int=500, lr:float=1e-3, batch_size:int=16, log_every:int=10,
                    balance:float=1.0, # β: weight of the usage-balance term (semi-supervised setting only)
-                   seed:int=0, progress:bool=True)->dict:
+                   seed:int=0, progress:bool=True,
+                   after_step:Callable[[int], None]|None=None, # called after every step with its number (Table s8 evaluates after each epoch)
+                  )->dict:
     "Train Portland collaboratively over all the experts; returns info with the loss history and the map's history."
     check_choice('setting', setting, SETTINGS); check_interval('data_scale', data_scale, '(0, 1]')
     check_interval('steps', steps, '[0, inf)'); check_interval('batch_size', batch_size, '[1, inf)'); check_interval('lr', lr, '(0, inf)')
@@ -147,11 +158,13 @@ def train_portland(model:NeuLigModel, data:MergeData, *,
         if not math.isfinite(total): raise NonFiniteError(f"NeuLig: the loss became {total} at step {step}")
         opt.step(); losses.append(total); bar.set_postfix(loss=f'{total:.3f}')
         if step % log_every == 0 or step == steps: maps.append({'step': step, 'map': coopvec_map(model, feats).values.tolist()})
+        if after_step is not None: after_step(step)
     model.portland.eval()
     final = coopvec_map(model, feats)
     model.coopvec_map = final
     model.neulig_info = {'experts': model.names, 'tasks': tasks, 'setting': setting, 'data_scale': data_scale, 'balance': balance,
-                         'visible': {t: len(ds) for t, ds in visible.items()}, 'steps': steps, 'lr': lr, 'batch_size': batch_size,
+                         'visible': {t: len(ds) for t, ds in visible.items()},
+                         'epoch_steps': epoch_steps({t: len(ds) for t, ds in visible.items()}, batch_size), 'steps': steps, 'lr': lr, 'batch_size': batch_size,
                          'seed': seed, 'losses': losses, 'maps': maps}
     model.visible_features = feats
     return model.neulig_info
@@ -182,6 +195,21 @@ def load_portland(model:NeuLigModel, path:str|Path)->NeuLigModel:
     model.neulig_info = info
     model.portland.eval()
     return model
+
+# %% ../../nbs/neulig/71_neulig.ipynb #3e7702b0
+def transfer_portland(source:NeuLigModel, # the NeuLig model whose Portland was trained (model-As)
+                      target:NeuLigModel, # other experts (model-Bs), same names, same pre-trained encoder
+                     )->NeuLigModel:
+    "Put `source`'s Portland and CoopVec Map, untrained, on `target`'s experts; return `target`."
+    if source.names != target.names:
+        raise IncompatibleModelsError(f"Portland was trained for experts {source.names}; the target has {target.names}")
+    try: target.portland.load_state_dict(source.portland.state_dict())
+    except RuntimeError as e: raise IncompatibleModelsError(f"Portland does not fit the target model: {e}") from None
+    cmap = getattr(source, 'coopvec_map', None)
+    target.coopvec_map = None if cmap is None else cmap.copy()
+    target.neulig_info = {**(getattr(source, 'neulig_info', None) or {}), 'transferred': True}
+    target.portland.eval()
+    return target
 
 # %% ../../nbs/neulig/71_neulig.ipynb #30a00b83
 LEVELS = ('merge', 'ensemble')
