@@ -139,3 +139,26 @@ def test_findings_are_read_from_the_tables(run, table):
     row = findings.loc["Portland transferred to model-Bs: Avg. Mer. within 2 points of the As' at every epoch (Table s8)"]
     assert row['holds here'] == (diff <= 2) and f'{diff:.2f}' in row['this run']
     assert pd.read_csv(run/'routing.csv', index_col=0).index.tolist() == NEULIG
+
+def test_table_s6_is_the_five_task_table_of_each_backbone(run):
+    "Table s6 per backbone: the second backbone's rows are its own models' (pre-trained, experts, task arithmetic of its experts)."
+    from fusion_nb.tiny.second_backbone import backbone_accuracy, backbone_profile, profile_backbones
+    five = NEULIG_TASKS[:5]
+    P = load_profile('micro', tasks=five)
+    names = profile_backbones(P)
+    assert len(names) == 2 and names[0] != names[1]
+    tables = {n: pd.read_csv(run/f'table_s6_{n}.csv', index_col=0, header=[0, 1]) for n in names}
+    for n, t in tables.items():
+        assert list(t.index) == ROWS and list(t.columns.get_level_values(0).unique()) == [*five, 'Avg.']
+    t = tables[names[1]]
+    ref = backbone_accuracy(P, 1)   # evaluate() of backbone 1's pre-trained model and experts, nothing else shared
+    for row in ['Pre-trained', 'Fine-tuned']:
+        for task in five: assert float(t.loc[row, (task, 'Mer.')]) == pytest.approx(ref.loc[row, task], abs=1e-6)
+    P1 = backbone_profile(P, 1)
+    models, tasks = ModelPool.from_profile(P1), TaskPool.from_profile(P1)
+    pre, experts = models.vision_state(PRETRAINED), {x: models.vision_state(x) for x in five}
+    ta = task_arithmetic(pre, experts, scaling_factor=0.3, progress=False)
+    acc = evaluate({'ta': ta}, models, tasks, five, batch_size=P.batch_size, max_samples=P.max_test_samples, seed=P.seed, progress=False)
+    acc = acc[acc['metric'] == 'accuracy'].set_index('task')['value'] * 100
+    for task in five: assert float(t.loc['Task Arithmetic', (task, 'Mer.')]) == pytest.approx(acc[task], abs=1e-6)
+    assert not tables[names[0]].loc['Fine-tuned'].equals(t.loc['Fine-tuned']) or not tables[names[0]].loc['Pre-trained'].equals(t.loc['Pre-trained'])
