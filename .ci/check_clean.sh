@@ -13,3 +13,6 @@ if [ "$before" != "$after" ]; then
   exit 1
 fi
 echo "notebooks clean; fusion_nb/ matches nbs/"
+# a merge's conflict markers committed by mistake (README.md once carried some)
+if git grep -nE '^(<<<<<<<|>>>>>>>) ' -- . >&2; then echo "ERROR: merge conflict markers in tracked files (above)" >&2; exit 1; fi
+echo "no merge conflict markers"
