@@ -92,7 +92,7 @@ def test_zoo_cached_and_incremental(tmp_path, monkeypatch):
     assert len(trained) == 2                                        # the lost model only: its fine-tunes' recipes still hold ...
     assert (z/'theta_linf.safetensors').read_bytes() == before      # ... because the same recipe gives the same weights
     man = json.loads((z/'manifest.json').read_text())
-    assert man['eps']['l2'] == pytest.approx(4 / 7) and man['classes'] == 12
+    assert man['eps']['l2'] == pytest.approx(4 * 4 / 7) and man['classes'] == 12   # per pixel, ×4 (STANDIN_RADIUS_SCALE)
     assert list(load_zoo(z)) == ['theta_linf', 'theta_linf_to_nominal']   # the manifest lists the last call's models
 
 def test_bad_input(tmp_path):
