@@ -83,3 +83,17 @@ def test_fronts_endpoints_recomputed(tmp_path):
     grid = simplex.dropna(subset=['best single ingredient'])
     assert len(grid) and (grid['best soup'] >= grid['best single ingredient'] - 1e-9).all()   # a corner is a soup of the grid
     for f in ['figure1', 'figure2', 'figure3', 'figure4', 'figure5']: assert (out/f'{f}.png').exists()
+
+@pytest.mark.parametrize('name', ['20_robust_fronts', '21_robust_shifts'])
+def test_paper_profile_names_the_missing_checkpoints(tmp_path, name):
+    "The paper-002 profile trains nothing: without the user's TorchScript files both experiments stop at once, naming them."
+    P = load_profile('robust-soups', settings=REPO/'settings.ini')
+    assert P.experiments == ['20', '21'] and P.extra['robust_simplex_attack'] == 'strong'
+    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/f'{name}.ipynb'), str(tmp_path/'run.ipynb'), '-k', 'python3',
+            '-p', 'profile', 'robust-soups', '-p', 'output_dir', str(tmp_path/'out'), '-p', 'device', 'cpu']
+    env = {**os.environ, 'FUSION_NB_ROOT': str(REPO), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(REPO)}
+    r = subprocess.run(args, env=env, capture_output=True, text=True, cwd=REPO)
+    assert r.returncode != 0
+    assert 'paper-scale robust models missing' in r.stderr and 'No such file: theta_linf=' in r.stderr, r.stderr[-2000:]
+    first = 'cifar10' if name.startswith('20') else 'imagenet'   # the first dataset the experiment needs
+    assert f"theta_linf={REPO}/data/paper002/{first}/theta_linf.pt" in r.stderr

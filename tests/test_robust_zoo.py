@@ -9,7 +9,7 @@ import fusion_nb.robust.models as M
 import fusion_nb.robust.zoo as Z
 from fusion_nb.core import FusionError, HyperparameterError, UnknownNameError
 from fusion_nb.robust.models import adversarial_train, convnet, perturb_batch, training_attacks
-from fusion_nb.robust.zoo import ModelSpec, ZooBudget, load_zoo, robust_zoo, standin, standin_eps, zoo_specs
+from fusion_nb.robust.zoo import STANDIN_RADIUS_SCALE, ModelSpec, ZooBudget, load_zoo, robust_zoo, standin, standin_eps, zoo_specs
 
 TINY = ZooBudget(n_train=24, width=4, epochs=1, finetune_epochs=1, attack_steps=1, batch_size=12)
 
@@ -53,10 +53,20 @@ def test_single_norm_training_unchanged_by_sequence_form():
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
 
 def test_standin_radii():
-    assert standin_eps('imagenet', 'linf') == pytest.approx(4 / 255)
-    assert standin_eps('imagenet', 'l2') == pytest.approx(4 * 32 / 224)          # ℓ2 scales with √d
-    assert standin_eps('imagenet', 'l1') == pytest.approx(255 * (32 / 224) ** 2)  # ℓ1 with d
-    assert standin_eps('cifar10', 'l1') == 12.0
+    # ImageNet: the same perturbation per pixel, then ×4 so that a nominal stand-in model is broken (53_zoo's rule)
+    assert STANDIN_RADIUS_SCALE == {'cifar10': 1, 'imagenet': 4}
+    assert standin_eps('imagenet', 'linf') == pytest.approx(4 * 4 / 255)
+    assert standin_eps('imagenet', 'l2') == pytest.approx(4 * 4 * 32 / 224)          # ℓ2 scales with √d
+    assert standin_eps('imagenet', 'l1') == pytest.approx(4 * 255 * (32 / 224) ** 2)  # ℓ1 with d
+    assert standin_eps('cifar10', 'l1') == 12.0 and standin_eps('cifar10', 'linf') == pytest.approx(8 / 255)
+
+def test_radii_are_part_of_the_recipe(monkeypatch):
+    import fusion_nb.robust.zoo as Z
+    specs, b = Z.zoo_specs('imagenet')[:2], ZooBudget()
+    before = Z._recipes('imagenet', specs, b)
+    monkeypatch.setitem(Z.STANDIN_RADIUS_SCALE, 'imagenet', 2)
+    after = Z._recipes('imagenet', specs, b)
+    assert all(before[n] != after[n] for n in before)   # other radii: a stale cached model is retrained
 
 def test_specs_cover_the_paper():
     c = {s.name for s in zoo_specs('cifar10', ('linf', 'l2', 'l1'))}
@@ -82,7 +92,7 @@ def test_zoo_cached_and_incremental(tmp_path, monkeypatch):
     assert len(trained) == 2                                        # the lost model only: its fine-tunes' recipes still hold ...
     assert (z/'theta_linf.safetensors').read_bytes() == before      # ... because the same recipe gives the same weights
     man = json.loads((z/'manifest.json').read_text())
-    assert man['eps']['l2'] == pytest.approx(4 / 7) and man['classes'] == 12
+    assert man['eps']['l2'] == pytest.approx(4 * 4 / 7) and man['classes'] == 12   # per pixel, ×4 (STANDIN_RADIUS_SCALE)
     assert list(load_zoo(z)) == ['theta_linf', 'theta_linf_to_nominal']   # the manifest lists the last call's models
 
 def test_bad_input(tmp_path):

@@ -21,12 +21,15 @@ from .attacks import NORMS, budget, check_norm
 from .models import adversarial_train, convnet, to_tensors
 
 # %% auto #0
-__all__ = ['STANDINS', 'PAPER_SIDE', 'standin_eps', 'standin_attacks', 'standin', 'ModelSpec', 'model_name', 'zoo_specs',
-           'ZooBudget', 'zoo_dir', 'train_model', 'robust_zoo', 'load_zoo']
+__all__ = ['STANDINS', 'PAPER_SIDE', 'STANDIN_RADIUS_SCALE', 'standin_eps', 'standin_attacks', 'standin', 'ModelSpec',
+           'model_name', 'zoo_specs', 'ZooBudget', 'zoo_dir', 'train_model', 'robust_zoo', 'load_zoo',
+           'checkpoint_sources', 'load_checkpoints']
 
 # %% ../../nbs/robust/53_zoo.ipynb #f3d008d4
 STANDINS = {'cifar10': 10, 'imagenet': 12}  # paper 002's datasets → classes of the rendered stand-in (fusion_nb.tiny.tasks)
 PAPER_SIDE = {'cifar10': 32, 'imagenet': 224}  # image side the paper's radii are for
+# radius factor that breaks a nominal stand-in model as the paper's radii break a nominal network (measured above)
+STANDIN_RADIUS_SCALE = {'cifar10': 1, 'imagenet': 4}
 
 def _check_dataset(dataset:str)->str:
     if dataset not in STANDINS: raise UnknownNameError(f"unknown dataset {dataset!r}: expected one of {', '.join(STANDINS)}")
@@ -36,9 +39,9 @@ def standin_eps(dataset:str, # 'cifar10' or 'imagenet'
                 norm, # 'linf', 'l2' or 'l1'
                 side:int=32, # side of the stand-in's square images
                )->float:
-    "Paper 002's radius (§4) for `dataset` and `norm`, carried to side×side images at the same per-pixel size."
+    "Paper 002's radius (§4) for `dataset` and `norm`, carried to side×side images at the same per-pixel size, times the stand-in's factor."
     rec, r = budget(_check_dataset(dataset), norm), (side / PAPER_SIDE[dataset]) ** 2
-    return rec['eps'] * {'linf': 1.0, 'l2': math.sqrt(r), 'l1': r}[rec['norm']]
+    return rec['eps'] * {'linf': 1.0, 'l2': math.sqrt(r), 'l1': r}[rec['norm']] * STANDIN_RADIUS_SCALE[dataset]
 
 def standin_attacks(dataset:str, # 'cifar10' or 'imagenet'
                     norms:Sequence=NORMS, # threat models
@@ -115,7 +118,9 @@ def _recipes(dataset, specs, b:ZooBudget)->dict[str, str]:
     from fusion_nb.tiny import tasks
     names = [s.name for s in specs]
     if len(set(names)) < len(names): raise HyperparameterError(f"a model is declared twice in {names}")
-    base = {'dataset': dataset, 'budget': asdict(b), 'code': _code_digest(attacks, models, tasks, train_model)}
+    # the radii are part of the recipe: standin_eps is not in the digested code
+    base = {'dataset': dataset, 'budget': asdict(b), 'eps': {n: standin_eps(dataset, n) for n in NORMS},
+            'code': _code_digest(attacks, models, tasks, train_model)}
     out = {}
     for s in specs:
         if s.start is not None and s.start not in out: raise HyperparameterError(f"{s.name!r} starts from {s.start!r}, which is not declared before it")
@@ -182,4 +187,36 @@ def load_zoo(folder:str|Path, # a folder `robust_zoo` wrote
     out = {}
     for n in names:
         m = convnet(man['width'], man['classes']); m.load_state_dict(load_file(str(folder/man['models'][n]['file']))); out[n] = m.eval()
+    return out
+
+# %% ../../nbs/robust/53_zoo.ipynb #cc25c1a1
+def checkpoint_sources(value:str, # 'name=source name=source …' (a profile's robust_checkpoints_<dataset>)
+                       dataset:str, # 'cifar10' or 'imagenet'
+                       root:str|Path, # where ./ paths start (settings.ini's folder)
+                      )->dict[str, str]:
+    "Zoo name → checkpoint source (absolute path or hub `owner/repo:file`), names checked against the dataset's zoo."
+    known, out = {s.name for s in zoo_specs(dataset, NORMS)}, {}
+    for item in value.split():
+        name, sep, src = item.partition('=')
+        if not sep or not src: raise FusionError(f"checkpoint entry {item!r}: expected name=path or name=owner/repo:file")
+        if name not in known: raise UnknownNameError(f"unknown {dataset} model {name!r}. Models: {', '.join(sorted(known))}")
+        out[name] = str((Path(root)/src).resolve()) if src.startswith(('./', '../')) else src
+    return out
+
+def load_checkpoints(sources:dict[str, str], # from checkpoint_sources
+                     required:Sequence[str], # names the experiment needs
+                    )->dict[str, nn.Module]:
+    "TorchScript models by zoo name, in eval mode; every missing name, file or hub file is named in one error."
+    missing = [n for n in required if n not in sources]
+    absent = [f"{n}={s}" for n, s in sources.items() if s.startswith('/') and not Path(s).exists()]
+    if missing or absent: raise FusionError("paper-scale robust models missing. " + (f"Not given: {', '.join(missing)}. " if missing else '')
+                                            + (f"No such file: {', '.join(absent)}. " if absent else '') + "Each is a TorchScript file (see fusion_nb.robust.zoo)")
+    out = {}
+    for n, s in sources.items():
+        if not s.startswith('/'):
+            from huggingface_hub import hf_hub_download
+            repo, _, file = s.partition(':')
+            try: s = hf_hub_download(repo, file or 'model.pt')
+            except Exception as e: raise FusionError(f"{n}: cannot fetch {repo}:{file or 'model.pt'} ({type(e).__name__}); with no hub access give a local file") from None
+        out[n] = torch.jit.load(s, map_location='cpu').eval()
     return out
