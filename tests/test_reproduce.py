@@ -380,3 +380,12 @@ def test_every_profile_injects_values_of_the_declared_types():
                 assert ok, f"profile {name!r} injects {k} = {v!r} into {nb.name}, whose default is {default!r}"
                 checked += 1
     assert checked   # some values meet a non-None default (e.g. device, batch sizes)
+
+def test_papermill_reads_every_parameter_of_every_experiment():
+    "A parameter papermill cannot parse (e.g. '=' in its comment) is never injected: the runner would ignore the profile's value."
+    import ast
+    from fusion_nb.reproduce.runner import notebook_parameters
+    for nb in sorted((Path(__file__).parents[1]/'nbs'/'experiments').glob('*.ipynb')):
+        cell = next(c for c in json.loads(nb.read_text())['cells'] if 'parameters' in c['metadata'].get('tags', []))
+        assigned = [t.id for n in ast.parse(''.join(cell['source'])).body if isinstance(n, ast.Assign) for t in n.targets]
+        assert list(notebook_parameters(nb)) == assigned, nb.name
