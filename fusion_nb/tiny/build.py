@@ -26,7 +26,7 @@ import fusion_nb
 # %% auto #0
 __all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BUILD_THREADS', 'benchmark_dir', 'recipes',
            'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir', 'read_manifest',
-           'changed_files', 'owners', 'build_threads', 'zoo_accuracy']
+           'changed_files', 'owners', 'build_threads', 'run_in_child', 'zoo_accuracy']
 
 # %% ../../nbs/tiny/15_build.ipynb #3b65e732
 def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
@@ -209,21 +209,29 @@ def build_threads()->int:
     if not v.isdigit() or int(v) < 1: raise HyperparameterError(f"FUSION_NB_BUILD_THREADS={v!r}: expected an integer ≥ 1")
     return int(v)
 
-def _build_in_child(log, **kwargs)->Path:
-    "Run `build_benchmark(**kwargs)` in a fresh Python with `OMP_WAIT_POLICY=PASSIVE` (same bytes; no spinning under load)."
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
-    if cores < kwargs['threads']: log(f"{cores} core(s) available to this process for {kwargs['threads']} build threads: "
-                                      "slower, same weights (threads sleep while they wait)")
+def run_in_child(target:str, # 'module:function' that builds, called with `kwargs` in the child
+                 kwargs:dict, log, # its keyword arguments (JSON); where the child's output lines go
+                 what:str, # what is built, for the error message
+                )->None:
+    "Call `target(**kwargs)` in a fresh Python with `OMP_WAIT_POLICY=PASSIVE` (same bytes; no spinning under load)."
     pkg = str(Path(fusion_nb.__file__).resolve().parents[1])   # the child imports this very fusion_nb
     env = {**os.environ, _CHILD: '1', 'PYTHONPATH': os.pathsep.join(filter(None, [pkg, os.environ.get('PYTHONPATH')]))}
     env.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
-    code = "import json, sys; from fusion_nb.tiny.build import build_benchmark; build_benchmark(**json.loads(sys.argv[1]))"
+    module, fn = target.split(':')
+    code = f"import json, sys; from {module} import {fn}; {fn}(**json.loads(sys.argv[1]))"
     p = subprocess.Popen([sys.executable, '-c', code, json.dumps(kwargs)], env=env, stdout=subprocess.PIPE, text=True)
     try:
         for line in p.stdout: log(line.rstrip('\n'))
-        if p.wait(): raise RuntimeError(f"building the {kwargs['scale']} benchmark failed (exit status {p.returncode}); its error is above")
+        if p.wait(): raise RuntimeError(f"building {what} failed (exit status {p.returncode}); its error is above")
     finally:
         if p.poll() is None: p.kill()
+
+def _build_in_child(log, **kwargs)->Path:
+    "Run `build_benchmark(**kwargs)` in a child process (`run_in_child`)."
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+    if cores < kwargs['threads']: log(f"{cores} core(s) available to this process for {kwargs['threads']} build threads: "
+                                      "slower, same weights (threads sleep while they wait)")
+    run_in_child('fusion_nb.tiny.build:build_benchmark', kwargs, log, f"the {kwargs['scale']} benchmark")
     return benchmark_dir(kwargs['scale'], kwargs['root'])
 
 # %% ../../nbs/tiny/15_build.ipynb #6bce6556

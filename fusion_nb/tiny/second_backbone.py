@@ -19,7 +19,7 @@ from ..catalog import templates_for
 from ..evaluation import evaluate, zeroshot_head
 from ..pools import PRETRAINED, ModelPool, TaskPool
 from ..reproduce.profiles import BACKBONE_KEYS, Profile, is_local, resolve_source
-from .build import _CHILD, _code_digest, _library_bars, benchmark_dir, build_benchmark, build_threads, hash_cache_dir, recipes
+from .build import _CHILD, _code_digest, _library_bars, benchmark_dir, build_benchmark, build_threads, hash_cache_dir, recipes, run_in_child
 from .tasks import NEULIG_TASKS, vocabulary
 from .zoo import ZooConfig, deterministic, finetune_expert, pretrain_clip, zoo_config
 
@@ -108,16 +108,7 @@ def build_second_backbone(scale:str='tiny', # 'tiny' or 'micro'
 # %% ../../nbs/tiny/16_second_backbone.ipynb #4e7cc180
 def _build_in_child(log, **kwargs)->Path:
     "Run `build_second_backbone(**kwargs)` in a fresh Python with `OMP_WAIT_POLICY=PASSIVE` (same bytes; no spinning under load)."
-    pkg = str(Path(fusion_nb.__file__).resolve().parents[1])   # the child imports this very fusion_nb
-    env = {**os.environ, _CHILD: '1', 'PYTHONPATH': os.pathsep.join(filter(None, [pkg, os.environ.get('PYTHONPATH')]))}
-    env.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
-    code = "import json, sys; from fusion_nb.tiny.second_backbone import build_second_backbone; build_second_backbone(**json.loads(sys.argv[1]))"
-    p = subprocess.Popen([sys.executable, '-c', code, json.dumps(kwargs)], env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        for line in p.stdout: log(line.rstrip('\n'))
-        if p.wait(): raise RuntimeError(f"building the second backbone ({kwargs['scale']}) failed (exit status {p.returncode}); its error is above")
-    finally:
-        if p.poll() is None: p.kill()
+    run_in_child('fusion_nb.tiny.second_backbone:build_second_backbone', kwargs, log, f"the second backbone ({kwargs['scale']})")
     return second_backbone_dir(kwargs['scale'], kwargs['root'])
 
 # %% ../../nbs/tiny/16_second_backbone.ipynb #3d2565c0
