@@ -162,3 +162,14 @@ def test_table_s6_is_the_five_task_table_of_each_backbone(run):
     acc = acc[acc['metric'] == 'accuracy'].set_index('task')['value'] * 100
     for task in five: assert float(t.loc['Task Arithmetic', (task, 'Mer.')]) == pytest.approx(acc[task], abs=1e-6)
     assert not tables[names[0]].loc['Fine-tuned'].equals(t.loc['Fine-tuned']) or not tables[names[0]].loc['Pre-trained'].equals(t.loc['Pre-trained'])
+
+def test_routing_confusion_rows_and_diagonal(run):
+    "Each dataset's row of the routing confusion sums to 100 %, and its sample-weighted diagonal is the routing table's own-expert share."
+    conf = pd.read_csv(run/'routing_confusion.csv', index_col=[0, 1])
+    routing = pd.read_csv(run/'routing.csv', index_col=0)
+    for setting in NEULIG:
+        c = conf.loc[setting]
+        assert list(c.index) == NEULIG_TASKS and list(c.columns) == NEULIG_TASKS
+        assert (c.sum(axis=1) - 100).abs().max() < 1e-6
+        # every dataset has the same number of visible samples on micro, so the mean of the diagonal is the overall share
+        assert sum(c.loc[t, t] for t in NEULIG_TASKS) / len(NEULIG_TASKS) == pytest.approx(routing.loc[setting, 'own expert largest weight (% of samples)'])
