@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..core import FusionError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes, project_root, remove_stale_temps
-from .profiles import PLACEMENT_KEYS, SWEEPS, Profile, is_local, list_profiles, load_profile, prepare, resolve_source, resolved_revisions
+from .profiles import PLACEMENT_KEYS, SWEEPS, Profile, is_local, list_profiles, load_profile, prepare, resolved_revisions
 from .reports import write_report
 import fusion_nb
 
@@ -106,9 +106,10 @@ def hash_cache(profile:Profile)->Path:
 
 def second_backbone_sources(profile:Profile)->list[str]:
     "The second backbone's pretrained model and experts (paper 001's Table s6), when the profile names one."
-    pre, template = (profile.extra.get(k, '').strip() for k in ('second_pretrained', 'second_expert_template'))
-    if not pre: return []
-    return [resolve_source(pre, profile.root), *(resolve_source(template.replace('{task}', t), profile.root) for t in profile.tasks if template)]
+    from fusion_nb.tiny.second_backbone import backbone_profile, profile_backbones   # the one reader of its profile keys
+    if len(profile_backbones(profile)) < 2: return []
+    second = backbone_profile(profile, 1, build=False)
+    return [second.pretrained, *second.experts.values()]
 
 def data_fingerprint(profile:Profile)->dict:
     "What the profile's local data is, by content: the built benchmark's files and those of other local sources."
