@@ -27,8 +27,8 @@ from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 # %% auto #0
 __all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'counterfactual_loss', 'kd_loss', 'subset_predictions',
            'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels',
-           'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe', 'class_subset',
-           'class_groups', 'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'claim_findings']
+           'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe', 'class_groups',
+           'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'claim_findings']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -274,16 +274,6 @@ def linear_probe(clip:CLIPModel, tokenizer, processor, # the pre-trained CLIP, i
         loss = F.cross_entropy(zs(pooled), y)
         opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
     return zs.head.detach().cpu()
-
-# %% ../../nbs/masking/42_counterfactual_ft.ipynb #1dd1324a
-def class_subset(id_class_names:Sequence[str], # the classes of the ID task, in label order
-                 class_names:Sequence[str], # the classes of a test set, in its label order
-                )->list[int]:
-    "ID label of each class of a test set, by name; an error listing the names the ID task lacks."
-    pos = {n: i for i, n in enumerate(id_class_names)}
-    missing = [n for n in class_names if n not in pos]
-    if missing: raise FusionError(f"{len(missing)} class(es) of the test set are not ID classes: {missing[:5]}")
-    return [pos[n] for n in class_names]
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #b16ae1d2
 def class_groups(id_class_names:Sequence[str], # the ID task's classes, in label order
