@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/neulig/half_zoo.html.md"""
 
 # %% ../../nbs/neulig/72_half_zoo.ipynb #83b2dce3
 from __future__ import annotations
-import hashlib, json, time
+import json, time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..core import FusionError, UnknownNameError, atomic_write_text, check_range, project_root
+from ..core import FusionError, UnknownNameError, atomic_write_text, check_range, file_hashes, project_root
 from ..checkpoints import save_vision_model
 from ..pools import ModelPool, TaskPool
 from ..tiny.finetune import finetune_vision
@@ -49,19 +49,13 @@ def half_zoo_dir(root:str|Path|None, profile:str)->Path:
     "Where a profile's half experts live: `<root>/data/<profile>/neulig_halves` (a new folder, beside the benchmark's)."
     return Path(root or project_root())/'data'/profile/'neulig_halves'
 
-def _sha256(path:Path)->str:
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''): h.update(block)
-    return h.hexdigest()
-
 # %% ../../nbs/neulig/72_half_zoo.ipynb #7da076fb
 def half_recipes(model_pool:ModelPool, task_pool:TaskPool, tasks:Sequence[str], budget:HalfZooBudget)->dict[str, str]:
     "'<task>_<half>' → digest of what that half expert depends on (a change means: fine-tune it again)."
     from fusion_nb.tiny.build import _code_digest, _digest
     from fusion_nb.tiny import finetune
     weights = model_pool.model_dir/'model.safetensors'
-    base = {'pretrained': _sha256(weights) if weights.exists() else model_pool.pretrained, 'budget': asdict(budget),
+    base = {'pretrained': file_hashes(weights)[weights.name] if weights.exists() else model_pool.pretrained, 'budget': asdict(budget),
             'code': _code_digest(finetune, half_indices, finetune_half_expert)}
     out = {}
     for t in tasks:
