@@ -59,7 +59,8 @@ def test_every_evaluation_takes_the_profiles_autocast():
     for nb in sorted(Path(__file__).parents[1].glob('nbs/experiments/*.ipynb')):
         for c in json.loads(nb.read_text())['cells']:
             src = ''.join(c['source'])
-            for m in re.finditer(r'\b(evaluate|merge_ensemble_gap|evaluate_routed)\((?:[^()]|\([^()]*\))*\)', src):
+            # direct calls, and the keyword dicts (`EVAL = dict(...)`) that calls splat in
+            for m in re.finditer(r'\b(evaluate|merge_ensemble_gap|evaluate_routed|neulig_records|dict)\((?:[^()]|\([^()]*\))*\)', src):
                 if 'max_samples=P.max_test_samples' in m.group(0): calls.append((nb.name, m.group(0)))
     assert len(calls) >= 6
     missing = [f'{n}: {c[:80]}' for n, c in calls if 'autocast=P.autocast' not in c]

@@ -229,7 +229,9 @@ class CoopClassifier(nn.Module):
 
 def neulig_records(model:NeuLigModel, data:MergeData, tasks:Sequence[str]|None=None, *,
                    use_map:bool=False, # CoopVec Map rows instead of per-sample CoopVecs (Table s7)
-                   batch_size:int=128, max_samples:int=0, seed:int=0, num_workers:int=0, progress:bool=True)->pd.DataFrame:
+                   batch_size:int=128, max_samples:int=0, seed:int=0, num_workers:int=0, progress:bool=True,
+                   autocast:str='none', # forward passes under torch.autocast (the profile's `autocast`)
+                  )->pd.DataFrame:
     "Accuracy and loss of the merge and the ensemble on each task's test split, as tidy records (task, level, metric, value)."
     tasks = list(data.tasks if tasks is None else tasks)
     cmap = getattr(model, 'coopvec_map', None)
@@ -240,7 +242,7 @@ def neulig_records(model:NeuLigModel, data:MergeData, tasks:Sequence[str]|None=N
         c = torch.tensor(cmap.loc[t].values, dtype=torch.float32, device=model.device) if use_map else None
         clfs = {lv: CoopClassifier(model, data.heads, t, lv, c) for lv in LEVELS}
         loader = image_loader(data.task_pool[t].load(max_samples=max_samples, seed=seed), data.model_pool.processor, batch_size, num_workers)
-        for lv, res in evaluate_task(clfs, loader, model.device, progress, desc=f'task {t!r}').items():
+        for lv, res in evaluate_task(clfs, loader, model.device, progress, desc=f'task {t!r}', autocast=autocast).items():
             records += [{'task': t, 'level': lv, 'metric': k, 'value': v} for k, v in res.items()]
     return pd.DataFrame.from_records(records, columns=['task', 'level', 'metric', 'value'])
 
