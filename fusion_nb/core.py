@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #e6bb2da9
 from __future__ import annotations
-import contextlib, difflib, hashlib, json, os, random, re, shutil, tempfile, threading
+import contextlib, difflib, hashlib, json, os, random, re, shutil, tempfile, threading, time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -16,7 +16,7 @@ import torch
 # %% auto #0
 __all__ = ['FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError', 'HyperparameterError', 'check_range',
            'Registry', 'seed_everything', 'get_device', 'get_dtype', 'current_umask', 'remove_stale_temps',
-           'atomic_write', 'atomic_write_text', 'atomic_dir', 'file_hashes', 'project_root']
+           'atomic_write', 'atomic_write_text', 'atomic_dir', 'file_hashes', 'cached_builds', 'project_root']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -225,6 +225,37 @@ def file_hashes(path:str|Path, # a file or a folder
         fresh[rel] = known[rel] if known.get(rel, [None])[:4] == key else [*key, _sha256_file(f)]
     if cache and fresh != known: atomic_write_text(cache, json.dumps(fresh))
     return {rel: v[4] for rel, v in fresh.items()}
+
+# %% ../nbs/00_core.ipynb #cb0a1e02
+def cached_builds(folder:str|Path, # holds the items and manifest.json
+                  recipes:dict[str, str], # item name → digest of what makes it, in the order to build and list them
+                  build:Callable[[str], dict], # builds one item's files in `folder`; returns what to record about it
+                  files:Callable[[str], list[str]]=lambda name: [name], # an item's files or folders, relative to `folder`
+                  section:str='items', # the manifest's key listing the items
+                  header:dict|None=None, # the manifest's other keys (what the whole folder is)
+                  keep_others:bool=True, # keep entries of items not in `recipes` (e.g. built for another task subset)
+                  desc:str='build', progress:bool=True)->dict:
+    "Build the items of `recipes` that are missing, stale or changed on disk, recording each in `folder/manifest.json`; return the manifest."
+    from tqdm.auto import tqdm
+    folder = Path(folder); f = folder/'manifest.json'
+    try: old = json.loads(f.read_text()) if f.exists() else {}
+    except ValueError: old = {}   # torn: rebuild what it listed
+    entries = old.get(section, {}) if isinstance(old.get(section), dict) else {}
+    digest = lambda n: {f'{p}/{rel}' if (folder/p).is_dir() else p: h for p in files(n) for rel, h in file_hashes(folder/p, folder/'.hashes').items()}
+    def current(n):
+        e = entries.get(n)
+        if not isinstance(e, dict) or e.get('recipe') != recipes[n] or not all((folder/p).exists() for p in files(n)): return False
+        return e.setdefault('files', digest(n)) == digest(n)   # an older entry without hashes is adopted as it is
+    kept = {n: entries[n] for n in recipes if current(n)}
+    man = {**(header or {}), section: {**kept, **({n: e for n, e in entries.items() if n not in recipes} if keep_others else {})}}
+    if f.exists() or kept: atomic_write_text(f, json.dumps(man, indent=1))
+    for n in tqdm([n for n in recipes if n not in kept], desc=desc, disable=not progress):
+        folder.mkdir(parents=True, exist_ok=True); t0 = time.time()
+        info = dict(build(n) or {})
+        man[section][n] = {**info, 'recipe': recipes[n], 'seconds': round(time.time() - t0, 1), 'files': digest(n)}
+        man[section] = {**{k: man[section][k] for k in recipes if k in man[section]}, **man[section]}   # recipes' order first
+        atomic_write_text(f, json.dumps(man, indent=1))
+    return man
 
 # %% ../nbs/00_core.ipynb #01ed71a0
 def project_root(start:str|Path|None=None)->Path:

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..core import FusionError, UnknownNameError, atomic_write_text, check_range, file_hashes, project_root
+from ..core import FusionError, UnknownNameError, cached_builds, check_range, file_hashes, project_root
 from ..checkpoints import save_vision_model
 from ..pools import ModelPool, TaskPool
 from ..tiny.finetune import finetune_vision
@@ -79,11 +79,6 @@ def finetune_half_expert(model_pool:ModelPool, task_pool:TaskPool, task:str, hal
     return save_vision_model(enc.cpu().state_dict(), out_dir, model_pool.config)
 
 # %% ../../nbs/neulig/72_half_zoo.ipynb #a6d5757c
-def _read_manifest(folder:Path)->dict:
-    f = folder/'manifest.json'
-    try: return json.loads(f.read_text()) if f.exists() else {}
-    except ValueError: return {}   # torn: rebuild
-
 def half_zoo(folder:str|Path, # where the experts and manifest.json go (`half_zoo_dir`)
              model_pool:ModelPool, # the pre-trained CLIP (its processor, tokenizer, device)
              task_pool:TaskPool, # the tasks (training splits, class names, templates)
@@ -91,22 +86,17 @@ def half_zoo(folder:str|Path, # where the experts and manifest.json go (`half_zo
              budget:HalfZooBudget=HalfZooBudget(),
              progress:bool=True,
             )->dict[str, dict[str, Path]]:
-    "Fine-tune model-A and model-B of every task (those missing or stale); return half → task → CLIPVisionModel folder."
+    "Fine-tune model-A and model-B of every task (those missing, stale or changed on disk); return half → task → CLIPVisionModel folder."
     folder, tasks = Path(folder), list(task_pool.names if tasks is None else tasks)
     unknown = [t for t in tasks if t not in task_pool]
     if unknown: raise UnknownNameError(f"no task {unknown} in the task pool ({', '.join(task_pool.names)})")
-    rec, man = half_recipes(model_pool, task_pool, tasks, budget), _read_manifest(folder)
-    have = {n: m for n, m in man.get('experts', {}).items() if m.get('recipe') == rec.get(n) and (folder/n/'model.safetensors').exists()}
-    man = dict(paper='001', table='s8', budget=asdict(budget), experts={**{n: m for n, m in man.get('experts', {}).items() if n not in rec}, **have})
-    todo = [n for n in rec if n not in have]
-    if todo:
-        folder.mkdir(parents=True, exist_ok=True)
-        with deterministic(budget.threads):
-            for n in tqdm(todo, desc='half experts (model-A, model-B)', disable=not progress):
-                t, h = n.rsplit('_', 1); t0 = time.time()
-                finetune_half_expert(model_pool, task_pool, t, h, folder/n, budget)
-                n_train = len(task_pool[t].load(split='train'))
-                man['experts'][n] = dict(task=t, half=h, recipe=rec[n], train_size=n_train,
-                                         half_size=len(half_indices(n_train, budget.seed)[h]), seconds=round(time.time() - t0, 1))
-                atomic_write_text(folder/'manifest.json', json.dumps(man, indent=1))
+    def build(n):
+        t, h = n.rsplit('_', 1)
+        finetune_half_expert(model_pool, task_pool, t, h, folder/n, budget)
+        n_train = len(task_pool[t].load(split='train'))
+        return dict(task=t, half=h, train_size=n_train, half_size=len(half_indices(n_train, budget.seed)[h]))
+    with deterministic(budget.threads):
+        cached_builds(folder, half_recipes(model_pool, task_pool, tasks, budget), build, section='experts',
+                      header=dict(paper='001', table='s8', budget=asdict(budget)), desc='half experts (model-A, model-B)', progress=progress)
     return {h: {t: folder/f'{t}_{h}' for t in tasks} for h in HALVES}
+
