@@ -69,6 +69,7 @@ def test_runs_injects_profile_values_and_writes_report(project):
     inputs = json.loads((out/'00_ok'/'inputs.json').read_text())
     assert inputs['parameters'] == {'profile': 'demo', 'batch_size': 8, 'should_fail': 'no'}
     assert inputs['version'] == fusion_nb.__version__ and inputs['profile']['experts']['a'] == str(project/'models'/'none_a')
+    assert isinstance(inputs['torch_threads'], int) and inputs['torch_threads'] >= 1   # results depend on it in the last bits
     executed = (out/'00_ok'/'run.ipynb').read_text()
     assert f'output_dir = \\"{out/"00_ok"}\\"' in executed and '.tmp' not in executed   # names its final folder
     report = (out/'REPORT.md').read_text()

@@ -18,10 +18,10 @@ import fusion_nb
 # %% auto #0
 __all__ = ['BACKENDS', 'experiments_dir', 'list_experiments', 'experiment_title', 'select_experiments', 'notebook_parameters',
            'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache', 'second_backbone_sources',
-           'data_fingerprint', 'experiment_inputs', 'why_rerun', 'recorded_failures', 'experiment_paths', 'run_reason',
-           'record_failure', 'run_experiment', 'ray_module', 'run_local', 'run_on_ray', 'run_jobs', 'check_backend',
-           'writable_profile_dir', 'profile_experiments', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep',
-           'sweep', 'main']
+           'data_fingerprint', 'experiment_inputs', 'why_rerun', 'kernel_threads', 'recorded_failures',
+           'experiment_paths', 'run_reason', 'record_failure', 'run_experiment', 'ray_module', 'run_local',
+           'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'profile_experiments', 'reproduce',
+           'sweep_points', 'point_name', 'merge_sweep', 'sweep', 'main']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #217cbc0a
 def experiments_dir(root:str|Path|None=None)->Path:
@@ -178,6 +178,13 @@ def why_rerun(out:Path, # the experiment's output folder
     return None
 
 
+def kernel_threads()->int:
+    "Torch threads an experiment's kernel computes with: \`OMP_NUM_THREADS\` if set, else torch's default here (same machine)."
+    n = os.environ.get('OMP_NUM_THREADS', '').strip()
+    if n.isdigit() and int(n) > 0: return int(n)
+    import torch   # only here: the CLI starts without it
+    return torch.get_num_threads()
+
 # %% ../../nbs/reproduce/92_runner.ipynb #b247cf03
 def _record_failure(marker:Path, e:BaseException, inputs:dict)->None:
     atomic_write_text(marker, json.dumps({'error': _last_line(e), 'type': type(e).__name__, 'inputs': inputs['hash'],
@@ -250,7 +257,7 @@ def run_experiment(name:str, # experiment (notebook stem)
             finished = datetime.datetime.now().isoformat(timespec='seconds')
             revisions = resolved_revisions(profile) if any(profile.hub_sources().values()) else {}
             atomic_write_text(tmp/'inputs.json', json.dumps({**inputs, 'finished': finished, 'seconds': round(time.time() - t0, 1),
-                                                            'hub_revisions': revisions, 'outputs': _output_hashes(tmp)},
+                                                            'hub_revisions': revisions, 'torch_threads': kernel_threads(), 'outputs': _output_hashes(tmp)},
                                                            indent=1, default=str))
     except Exception as e:
         _record_failure(marker, e, inputs)
