@@ -18,7 +18,7 @@ from ..core import HyperparameterError, atomic_dir, atomic_write_text, check_ran
 from .model import llava_part, load_llava, make_llava_dir
 from .uncertainty import LETTERS, OptionItem, option_items, option_messages
 from .short_answers import (SHORT_QUESTION, ShortAnswerItem, short_answer_items, short_answer_messages,
-                                           yes_no_items, SHORT_ANSWER_PROMPT, load_option_sets, load_short_answer_sets)
+                                           yes_no_items, SHORT_ANSWER_PROMPT)
 
 # %% auto #0
 __all__ = ['CAPTION_PROMPT', 'HELD_IN_ROLES', 'HELD_OUT_ROLES', 'ZOO_TASKS', 'ZOO', 'ZOO_THREADS', 'supervised_example',
