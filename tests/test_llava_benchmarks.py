@@ -146,3 +146,15 @@ def test_paper_profile_offline_names_every_set(tmp_path):
     assert msg.startswith("profile 'llava-1.5-7b': 12 evaluation set(s) cannot be loaded")
     for name in BENCHMARKS: assert f'\n  - {name}: ' in msg
     assert msg.count('is not in the local cache and the hub is not reachable') == 11 and "Kostumov et al.'s code" in msg
+
+def test_experiment_40_paper_profile_fails_first_on_its_sets(tmp_path):
+    "Experiment 40 on the paper profile, offline: the first error is the one naming all twelve sets (before the model, device or fine-tunes)."
+    import os, subprocess, sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    args = [sys.executable, '-m', 'papermill', str(repo/'nbs'/'experiments'/'40_uq_merge.ipynb'), str(tmp_path/'run.ipynb'),
+            '-k', 'python3', '-p', 'profile', 'llava-1.5-7b', '-p', 'output_dir', str(tmp_path/'out')]
+    env = {**os.environ, 'FUSION_NB_ROOT': str(repo), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(repo), 'HF_DATASETS_CACHE': str(tmp_path/'empty_cache')}
+    r = subprocess.run(args, env=env, capture_output=True, text=True, cwd=repo)
+    assert r.returncode != 0
+    assert "profile 'llava-1.5-7b' (llava_held_in / llava_held_out): 12 evaluation set(s) cannot be loaded" in r.stderr + r.stdout, r.stderr[-2000:]
