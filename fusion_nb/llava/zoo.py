@@ -1,4 +1,4 @@
-"""A pool of tiny LLaVAs for UQ-Merge: a base model pretrained on captions and instruction-tuned on the stand-in tasks, then ten variants each tuned on one task — three of them harmful, over-confident fine-tunes of a narrow set trained far too long.
+"""A pool of tiny LLaVAs for UQ-Merge: a base model pretrained on captions and instruction-tuned on the stand-in tasks, then ten variants each tuned on one set — three of them harmful the way the paper's are: tuned on another output format (captions), never asked for a letter.
 
 Docs: https://fusion-nb.github.io/fusion_nb/llava/tiny_llava_zoo.html.md"""
 
