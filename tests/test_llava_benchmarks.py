@@ -158,3 +158,57 @@ def test_experiment_40_paper_profile_fails_first_on_its_sets(tmp_path):
     r = subprocess.run(args, env=env, capture_output=True, text=True, cwd=repo)
     assert r.returncode != 0
     assert "profile 'llava-1.5-7b' (llava_held_in / llava_held_out): 12 evaluation set(s) cannot be loaded" in r.stderr + r.stdout, r.stderr[-2000:]
+
+def test_experiment_40_paper_branch_runs_on_local_sets(tmp_path):
+    """Experiment 40's paper-scale branch end to end, offline: a profile like llava-1.5-7b (no build, sets by name) whose
+    'fine-tunes' are three micro-zoo LLaVAs and whose sets are local folders in their hub copies' layouts. The tables get
+    one column per listed set, and the held-in accuracy recorded for UQ-Merge's first step is the first model's own."""
+    import os, subprocess, sys
+    from pathlib import Path
+    import pandas as pd
+    from fusion_nb.llava.zoo import ZOO, llava_zoo
+    from fusion_nb.llava.model import load_llava
+    from fusion_nb.llava.uncertainty import answer_accuracy
+    repo = Path(__file__).resolve().parents[1]
+    P = load_profile('micro', settings=repo/'settings.ini')
+    steps, examples = (list(map(int, P.extra[k].split())) for k in ('llava_zoo_steps', 'llava_zoo_examples'))
+    recipe = dict(ZOO) | dict(zip(['pretrain_steps', 'general_steps', 'tune_steps'], steps)) | dict(zip(['n_captions', 'n_general', 'n_train'], examples))
+    zoo, _ = llava_zoo(repo/'data'/'micro'/'llava', recipe, progress=False)
+    sets = tmp_path/'sets'
+    Dataset.from_dict({'index': [0, 1, 2], 'question': ['Q0?', 'Q1?', 'Q2?'], 'hint': ['nan'] * 3, 'A': ['cat', 'dog', 'cat'], 'B': ['dog', 'cat', 'frog'],
+                       'C': [None] * 3, 'D': [None] * 3, 'answer': ['A', 'B', 'B'], 'image': [img(i) for i in range(3)]},
+                      features=Features({'index': Value('int64'), **{k: S() for k in ['question', 'hint', 'A', 'B', 'C', 'D', 'answer']}, 'image': DImage()})
+                      ).save_to_disk(str(sets/'mmbench'))
+    Dataset.from_dict({'question': ['Which?'] * 3, 'options': [['a', 'b', 'c']] * 3, 'answer': ['0', '1', '2'], 'image': [img(i + 3) for i in range(3)]},
+                      features=Features({'question': S(), 'options': DSeq(S()), 'answer': S(), 'image': DImage()})).save_to_disk(str(sets/'ai2d'))
+    Dataset.from_dict({'question': ['Is there a cat in the image?', 'Is there a dog in the image?', 'Is there a frog in the image?'], 'answer': ['yes', 'no', 'no'],
+                       'image': [img(i) for i in range(3)]}, features=Features({'question': S(), 'answer': S(), 'image': DImage()})).save_to_disk(str(sets/'pope'))
+    Dataset.from_dict({'question': ['What is it?', 'What colour?', 'Shape?'], 'answers': [['cat'] * 3, ['red'] * 3, ['round'] * 3], 'image': [img(i) for i in range(3)]},
+                      features=Features({'question': S(), 'answers': DSeq(S()), 'image': DImage()})).save_to_disk(str(sets/'textvqa'))
+    (tmp_path/'nbs').symlink_to(repo/'nbs')
+    models = ['instruct', 'cifar10', 'captions_1']
+    (tmp_path/'settings.ini').write_text((repo/'settings.ini').read_text() + f"""
+[paper-mini]
+description = experiment 40's paper branch on micro LLaVAs and local sets (test)
+device = cpu
+batch_size = 4
+experiments = 40
+pretrained = {zoo/'base'}
+llava_finetunes = {' '.join(f'{m}={zoo/m}' for m in models)}
+llava_held_in = mmbench=./sets/mmbench ai2d=./sets/ai2d
+llava_held_out = pope=./sets/pope textvqa=./sets/textvqa
+llava_passes = 2
+""")
+    args = [sys.executable, '-m', 'papermill', str(repo/'nbs'/'experiments'/'40_uq_merge.ipynb'), str(tmp_path/'run.ipynb'), '-k', 'python3',
+            '-p', 'profile', 'paper-mini', '-p', 'output_dir', str(tmp_path/'out'), '-p', 'methods', 'task_arithmetic', '-p', 'draws', '1',
+            '-p', 'repeats', '1', '-y', 'perturbation_sets: ["image"]']
+    env = {**os.environ, 'FUSION_NB_ROOT': str(tmp_path), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(repo)}
+    r = subprocess.run(args, env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    t1 = pd.read_csv(tmp_path/'out'/'table1.csv', index_col=0)
+    assert list(t1.columns) == ['avg_held_in', 'mmbench', 'ai2d', 'avg_held_out', 'pope', 'textvqa']
+    steps = pd.read_csv(tmp_path/'out'/'uq_merge_steps.csv')
+    first = steps[(steps.run == 'uq_merge') & (steps.step == 1)].iloc[0]
+    model, proc = load_llava(zoo/first.added)
+    own = [100 * answer_accuracy(model, proc, load_benchmark(n, str(sets/n))) for n in ['mmbench', 'ai2d']]
+    assert abs(first.avg_held_in - sum(own) / 2) < 1e-9
