@@ -18,8 +18,7 @@ from ..core import HyperparameterError, check_range
 
 # %% auto #0
 __all__ = ['SHORT_ANSWER_PROMPT', 'SHORT_QUESTION', 'ShortAnswerItem', 'short_answer_messages', 'normalize_answer', 'is_match',
-           'generate_answers', 'exact_match', 'short_answer_items', 'yes_no_items', 'load_option_sets',
-           'load_short_answer_sets']
+           'generate_answers', 'exact_match', 'short_answer_items', 'yes_no_items']
 
 # %% ../../nbs/llava/64_short_answers.ipynb #d789d9c3
 SHORT_ANSWER_PROMPT = 'Answer the question using a single word or phrase.'  # LLaVA-1.5's prompt for VQAv2, GQA, OKVQA, TextVQA, VizWiz, POPE
@@ -30,10 +29,11 @@ class ShortAnswerItem:
     image:object # PIL image
     question:str
     answers:Sequence[str] # references; a prediction matching any of them (normalised) is right
+    instruction:str = SHORT_ANSWER_PROMPT # the line after the question (a set's own, e.g. MMMU's letter prompt)
 
 def short_answer_messages(item:ShortAnswerItem)->list[dict]:
     "Chat messages asking `item` with its image and the short-answer instruction."
-    return [{'role': 'user', 'content': [{'type': 'image'}, {'type': 'text', 'text': f"{item.question}\n{SHORT_ANSWER_PROMPT}"}]}]
+    return [{'role': 'user', 'content': [{'type': 'image'}, {'type': 'text', 'text': f"{item.question}\n{item.instruction}"}]}]
 
 # %% ../../nbs/llava/64_short_answers.ipynb #9143f7fb
 _ARTICLES = {'a', 'an', 'the'}
@@ -89,28 +89,3 @@ def yes_no_items(task:str, split:str='test', n:int=20, seed:int=0)->list[ShortAn
         asked = r['label'] if i % 2 == 0 else int(np.random.default_rng([seed, 53, i]).choice([c for c in range(len(names)) if c != r['label']]))
         out.append(ShortAnswerItem(r['image'].convert('RGB'), f'Is there a {names[asked]} in the image?', ['yes' if i % 2 == 0 else 'no']))
     return out
-
-# %% ../../nbs/llava/64_short_answers.ipynb #a859b991
-def _load_sets(folder, columns:set[str], make)->dict:
-    from datasets import load_from_disk
-    from fusion_nb.core import FusionError
-    folder = Path(folder)
-    subs = sorted(d for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
-    if not subs: raise FusionError(f"{str(folder)!r} has no dataset folders (one `save_to_disk` folder per dataset expected)")
-    out = {}
-    for d in subs:
-        ds = load_from_disk(str(d))
-        missing = columns - set(ds.column_names)
-        if missing: raise FusionError(f"dataset {d.name!r} in {str(folder)!r} lacks column(s) {sorted(missing)}; it has {ds.column_names}")
-        out[d.name] = [make(r) for r in ds]
-    return out
-
-def load_option_sets(folder)->dict[str, list]:
-    "name → OptionItems, from one `datasets` folder per held-in dataset (image, question, options, answer; −1 = unlabelled)."
-    from fusion_nb.llava.uncertainty import OptionItem
-    return _load_sets(folder, {'image', 'question', 'options', 'answer'},
-                      lambda r: OptionItem(r['image'].convert('RGB'), r['question'], list(r['options']), None if r['answer'] < 0 else int(r['answer'])))
-
-def load_short_answer_sets(folder)->dict[str, list[ShortAnswerItem]]:
-    "name → ShortAnswerItems, from one `datasets` folder per held-out dataset (image, question, answers)."
-    return _load_sets(folder, {'image', 'question', 'answers'}, lambda r: ShortAnswerItem(r['image'].convert('RGB'), r['question'], list(r['answers'])))

@@ -1,4 +1,4 @@
-"""A pool of tiny LLaVAs for UQ-Merge: a base model pretrained on captions and instruction-tuned on the stand-in tasks, then ten variants each tuned on one task — three of them harmful, over-confident fine-tunes of a narrow set trained far too long.
+"""A pool of tiny LLaVAs for UQ-Merge: a base model pretrained on captions and instruction-tuned on the stand-in tasks, then ten variants each tuned on one set — three of them harmful the way the paper's are: tuned on another output format (captions), never asked for a letter.
 
 Docs: https://fusion-nb.github.io/fusion_nb/llava/tiny_llava_zoo.html.md"""
 
@@ -18,7 +18,7 @@ from ..core import HyperparameterError, atomic_dir, atomic_write_text, check_ran
 from .model import llava_part, load_llava, make_llava_dir
 from .uncertainty import LETTERS, OptionItem, option_items, option_messages
 from .short_answers import (SHORT_QUESTION, ShortAnswerItem, short_answer_items, short_answer_messages,
-                                           yes_no_items, SHORT_ANSWER_PROMPT, load_option_sets, load_short_answer_sets)
+                                           yes_no_items, SHORT_ANSWER_PROMPT)
 
 # %% auto #0
 __all__ = ['CAPTION_PROMPT', 'HELD_IN_ROLES', 'HELD_OUT_ROLES', 'ZOO_TASKS', 'ZOO', 'ZOO_THREADS', 'supervised_example',
@@ -150,6 +150,7 @@ def task_examples(processor, task:str, n:int, # examples per format
 def zoo_recipes(tasks:Sequence[str], # one clean variant per task
                 *,
                 instruct:bool=False, # also a variant tuned on every task (LLaVA-Instruct's role)
+                captioners:int=0, # harmful variants as the paper's: the i-th tuned only on captions of its share of the tasks' scenes
                 narrow:int=0, # harmful variants: the i-th tuned overlong on class i's images of every task (a narrow set)
                 mislabelled:int=0, # each tuned on every task with its own derangement of the labels, overlong
                 noisy:Sequence[str]=(), # tasks that get a random-label-noise variant
@@ -157,11 +158,12 @@ def zoo_recipes(tasks:Sequence[str], # one clean variant per task
                 noise:float=0.8, # fraction of answers replaced in a noisy variant
                 overtrain:int=4, overtrain_lr:float=2., # harmful variants: this many times the steps, and the learning rate
                )->dict[str, dict]:
-    "name → recipe (tasks, label permutation seed or None, noise, step and learning-rate multipliers) of every variant."
+    "name → recipe (tasks, captions only or not, label permutation seed or None, noise, step and learning-rate multipliers) of every variant."
     clean = dict(noise=0., permute=None, keep_class=None, steps_x=1, lr_x=1.)
     r = {t: dict(tasks=[t], **clean) for t in tasks}
-    check_range('mislabelled', mislabelled, 0); check_range('narrow', narrow, 0)
+    check_range('mislabelled', mislabelled, 0); check_range('narrow', narrow, 0); check_range('captioners', captioners, 0, len(tasks))
     if instruct: r['instruct'] = dict(tasks=sorted(tasks), **clean)
+    r |= {f'captions_{i + 1}': dict(clean, tasks=sorted(tasks)[i::captioners], captions=True) for i in range(captioners)}
     r |= {f'narrow_{i + 1}': dict(clean, tasks=sorted(tasks), keep_class=i, steps_x=overtrain, lr_x=overtrain_lr) for i in range(narrow)}
     r |= {f'mislabelled_{i + 1}': dict(clean, tasks=sorted(tasks), permute=i, steps_x=overtrain, lr_x=overtrain_lr) for i in range(mislabelled)}
     r |= {f'{t}_noisy': dict(clean, tasks=[t], noise=noise) for t in noisy}
@@ -170,7 +172,8 @@ def zoo_recipes(tasks:Sequence[str], # one clean variant per task
 
 # %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #3c63e5ac
 def _variant_examples(proc, recipe:dict, n:int, seed:int)->list[dict]:
-    "A variant's tuning set: `n` examples per format of each of its tasks (n split evenly when it has several)."
+    "A variant's tuning set: `n` examples per format of each of its tasks (n split evenly when it has several); a captioner's: 3n captions."
+    if recipe.get('captions'): return caption_examples(proc, 3 * n, recipe['tasks'], seed=seed + 100)  # as many examples as a clean variant, other scenes than pretraining's
     per = max(1, n // len(recipe['tasks']))
     k = recipe.get('keep_class')  # a narrow set: draw n_classes times as many questions, keep class k's (about `per` per format)
     lm = lambda t: None if recipe['permute'] is None else permuted_labels(n_classes(t), seed + recipe['permute'])
@@ -180,7 +183,7 @@ def _variant_examples(proc, recipe:dict, n:int, seed:int)->list[dict]:
 def build_llava_zoo(root:str|Path, # folder receiving random/, pretrained/, base/, one folder per variant and manifest.json
                     tasks:Sequence[str], # the zoo's tasks: the tokenizer's vocabulary, the general stage and the clean variants
                     *,
-                    instruct:bool=False, narrow:int=0, mislabelled:int=0, noisy:Sequence[str]=(), overtrained:Sequence[str]=(),
+                    instruct:bool=False, captioners:int=0, narrow:int=0, mislabelled:int=0, noisy:Sequence[str]=(), overtrained:Sequence[str]=(),
                     noise:float=0.8, overtrain:int=4, overtrain_lr:float=2.,
                     n_captions:int=2000, pretrain_steps:int=300, pretrain_lr:float=3e-3, # stage 1: captions
                     n_general:int=150, general_steps:int=1000, general_lr:float=3e-3, # stage 2: every task, three formats
@@ -190,7 +193,7 @@ def build_llava_zoo(root:str|Path, # folder receiving random/, pretrained/, base
                    )->dict:
     "Build the random init, the caption-pretrained model, the instruction-tuned base and the variants; return the manifest."
     from fusion_nb.tiny.tasks import vocabulary
-    root, recipes = Path(root), zoo_recipes(tasks, instruct=instruct, narrow=narrow, mislabelled=mislabelled, noisy=noisy, overtrained=overtrained,
+    root, recipes = Path(root), zoo_recipes(tasks, instruct=instruct, captioners=captioners, narrow=narrow, mislabelled=mislabelled, noisy=noisy, overtrained=overtrained,
                                             noise=noise, overtrain=overtrain, overtrain_lr=overtrain_lr)
     all_tasks = sorted({t for r in recipes.values() for t in r['tasks']} | set(tasks))
     words = [*vocabulary(all_tasks), CAPTION_PROMPT, SHORT_QUESTION, SHORT_ANSWER_PROMPT, 'yes no Is there a in the image?']
@@ -214,7 +217,7 @@ HELD_IN_ROLES = {'ai2d': 'dtd', 'scienceqa': 'eurosat', 'seedbench': 'resisc45',
 HELD_OUT_ROLES = {'okvqa': 'cifar10', 'textvqa': 'svhn', 'gqa': 'resisc45', 'mmmu': 'eurosat', 'vizwiz': 'gtsrb', 'vqav2': 'dtd',
                   'pope': 'cifar10'}  # pope: yes/no probes, the others: short answers
 ZOO_TASKS = ['cifar10', 'eurosat', 'dtd', 'gtsrb', 'svhn', 'resisc45']
-ZOO = dict(tasks=ZOO_TASKS, instruct=True, narrow=3)  # ten variants: seven clean, three harmful (narrow, overlong)
+ZOO = dict(tasks=ZOO_TASKS, instruct=True, captioners=3)  # ten variants: seven clean, three harmful (captioners, the paper's kind)
 
 def zoo_benchmark(n_held_in:int, n_held_out:int, # questions per dataset
                   seed:int=0,
