@@ -28,7 +28,8 @@ from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 __all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'counterfactual_loss', 'kd_loss', 'subset_predictions',
            'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels',
            'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe', 'class_groups',
-           'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'claim_findings']
+           'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'embedding_distances', 'feature_drift',
+           'counterfactual_distance', 'claim_findings']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -365,6 +366,61 @@ def evaluation_splits(tasks:Sequence[str], # the ID task and the shifted ones
         if task not in out: raise UnknownNameError(f"test split override {item!r}: unknown task {task!r}. Tasks: {', '.join(tasks)}")
         out[task] = split
     return out
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #653c5488
+def embedding_distances(a:Tensor, # (n, D) embeddings
+                        b:Tensor, # (n, D) reference embeddings, row by row
+                       )->dict[str, Tensor]:
+    "Per row: the cosine distance 1 − cos(a, b) and the relative squared distance ‖a − b‖² / ‖b‖²."
+    if a.shape != b.shape: raise FusionError(f"embedding_distances: shapes {tuple(a.shape)} and {tuple(b.shape)} differ")
+    a, b = a.double(), b.double()
+    return {'cosine_distance': 1 - F.cosine_similarity(a, b, dim=-1),
+            'relative_sq_distance': (a - b).pow(2).sum(-1) / b.pow(2).sum(-1).clamp_min(torch.finfo(torch.float64).tiny)}
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #1293226a
+@torch.no_grad()
+def feature_drift(encoders:dict, # row name → CLIPVisionModel (fine-tuned)
+                  reference:CLIPVisionModel, # the frozen pre-trained encoder f̂
+                  logits:ZeroShotLogits, # its projection: `features` gives the embeddings the objective distils
+                  processor, test_sets:dict, # the image processor; test-set name → HF dataset with `image`
+                  *, batch_size:int=256, device=None, progress:bool=True)->pd.DataFrame:
+    "Per encoder and test set, the mean over images of `embedding_distances` between f(x) and f̂(x): tidy records."
+    from fusion_nb.evaluation import image_loader
+    device = get_device(device)
+    zs, ref = logits.to(device), reference.to(device).eval()
+    records = []
+    for name, ds in tqdm(test_sets.items(), desc='feature drift', disable=not progress):
+        sums, n = {(r, m): 0. for r in encoders for m in ('cosine_distance', 'relative_sq_distance')}, 0
+        for batch in image_loader(ds, processor, batch_size):
+            x = batch['pixel_values'].to(device)
+            target = zs.features(ref(pixel_values=x).pooler_output)
+            for r, enc in encoders.items():
+                for m, v in embedding_distances(zs.features(enc.to(device).eval()(pixel_values=x).pooler_output), target).items(): sums[r, m] += float(v.sum())
+            n += len(x)
+        if n == 0: raise FusionError(f"test set {name!r} is empty")
+        records += [{'model': r, 'task': name, 'metric': m, 'value': s / n} for (r, m), s in sums.items()]
+    return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value'])
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #39f42047
+@torch.no_grad()
+def counterfactual_distance(encoder:CLIPVisionModel, # the frozen pre-trained encoder f̂ (also the CAM's model, as the student at step 0)
+                            logits:ZeroShotLogits, # pooled output → logits (CAM) and features
+                            pixels:Tensor, labels:Tensor, # (n, 3, H, W) training images and their labels
+                            cfg:CounterfactualFT, # masking, refill, threshold, rate and batch size, as in training
+                            *, seed:int=0, device=None)->dict[str, float]:
+    "Mean over images of `embedding_distances` between f̂(x_cf) and f̂(x), counterfactuals built batch by batch as training builds them."
+    device, g = get_device(device), torch.Generator().manual_seed(seed)
+    enc, zs, patch = encoder.to(device).eval(), logits.to(device), encoder.config.patch_size
+    sums, n = {'cosine_distance': 0., 'relative_sq_distance': 0.}, 0
+    for i in range(0, len(pixels), cfg.batch_size):
+        x, y = pixels[i:i + cfg.batch_size].to(device), torch.as_tensor(labels[i:i + cfg.batch_size]).to(device)
+        if len(x) < 2 and cfg.refill != 'none' and cfg.masking != 'none': continue   # a last batch of one image has no donor
+        rel = class_cam(enc, zs, x, y) if cfg.masking in ('object', 'context') else None
+        cf = counterfactuals(x, patch, cfg.masking, cfg.refill, rel, cfg.threshold, cfg.rate, generator=g)
+        for m, v in embedding_distances(counterfactual_features(enc, zs, cf), zs.features(enc(pixel_values=x).pooler_output)).items(): sums[m] += float(v.sum())
+        n += len(x)
+    if n == 0: raise FusionError(f"counterfactual_distance: no batch of at least two images among {len(pixels)}")
+    return {m: s / n for m, s in sums.items()}
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #695624f7
 def claim_findings(claims:Sequence[tuple], # (claim, row a, row b, column, sign): the claim is sign·(a − b) > 0
