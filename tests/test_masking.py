@@ -155,6 +155,49 @@ def test_masking_strategies_notebook_on_micro(tmp_path):
     zero_ood = res.loc['zero_shot', ['imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a']].mean()
     assert findings.loc['vanilla FT loses OOD against zero-shot', 'difference (points)'] == pytest.approx(vanilla_ood - zero_ood)
     assert (out/'figure6.png').exists() and (out/'figure6.pdf').exists() and (out/'table1_paper.csv').exists()
+    _check_feature_drift(out, runs, t1)
+
+def _check_feature_drift(out, runs, t1):
+    "The feature-drift table has table 1's fine-tuned rows; one drift and one counterfactual distance recomputed here independently."
+    import math
+    import pandas as pd
+    from fusion_nb.masking.counterfactual_ft import counterfactual_distance, finetune_budget
+    from fusion_nb.masking.imagenet_data import id_text
+    from fusion_nb.pools import ModelPool, Task, TaskPool
+    from fusion_nb.reproduce.profiles import load_profile
+    why = pd.read_csv(out/'feature_drift.csv', index_col=[0, 1, 2])
+    assert list(why.index) == list(t1.index[1:])   # every row of table 1 but zero-shot
+    rec = pd.read_csv(out/'feature_drift_records.csv').set_index(['model', 'task', 'metric'])['value']
+    # vanilla fine-tuning of seed 0 again (deterministic), and its drift on the ID test set image by image
+    P = load_profile('micro', tasks=['imagenet'])
+    models, task = ModelPool(P.pretrained, {}, P.device, P.dtype), Task('imagenet', P.datasets['imagenet'], split=P.test_split)
+    clip, tok, proc = models.clip, models.tokenizer, models.processor
+    train, test = task.load('train'), task.load(P.test_split, max_samples=P.max_test_samples, seed=P.seed)
+    ID = id_text(P, 'imagenet', train.features['label'].names)
+    B = finetune_budget(P, finetune_epochs=1)
+    vanilla = finetune_counterfactual(clip, tok, proc, train, ID.class_names, ID.templates,
+                                      CounterfactualFT(**{**B, 'masking': 'none', 'refill': 'none', 'beta': 0.}), seed=0, progress=False).encoder
+    x = pixel_values(proc, test['image'])
+    dist = []
+    with torch.no_grad():
+        for i in range(len(x)):
+            f = clip.visual_projection(vanilla(pixel_values=x[i:i + 1]).pooler_output)[0].double()
+            fh = clip.visual_projection(clip.vision_model(pixel_values=x[i:i + 1]).pooler_output)[0].double()
+            dist.append(1 - float((f * fh).sum()) / math.sqrt(float((f * f).sum()) * float((fh * fh).sum())))
+    assert rec['vanilla_ft/s0', 'imagenet', 'cosine_distance'] == pytest.approx(100 * sum(dist) / len(dist), rel=1e-3, abs=1e-4)
+    assert why.loc[('Vanilla fine-tuning', '–', '–'), 'drift ID (cos. ×100)'] == pytest.approx(
+        sum(rec[f'vanilla_ft/s{s}', 'imagenet', 'cosine_distance'] for s in (0, 1)) / 2)
+    # random-mask / multi-fill at its one rate (0.5): the counterfactuals of the training images, from the pre-trained encoder, seed by seed
+    zs = ZeroShotLogits(clip.visual_projection, clip.logit_scale, zeroshot_head(clip, tok, ID.class_names, ID.templates))
+    xt, yt = pixel_values(proc, train['image']), torch.tensor(train['label'])
+    cfg = CounterfactualFT(**{**B, 'masking': 'random', 'refill': 'multi', 'rate': 0.5})
+    cd = [counterfactual_distance(clip.vision_model, zs, xt, yt, cfg, seed=s)['cosine_distance'] for s in (0, 1)]
+    assert why.loc[('Ours', 'random-mask', 'multi-fill'), 'counterfactual distance (cos. ×100)'] == pytest.approx(100 * sum(cd) / 2, rel=1e-6)
+    assert why.loc[('Ours', 'no masking', '–'), 'counterfactual distance (cos. ×100)'] == pytest.approx(0, abs=1e-4)   # x_cf = x
+    findings = pd.read_csv(out/'findings.csv', index_col=0)
+    claim = 'multi-fill drifts further than no-fill on OOD (object-mask, cos. ×100)'
+    assert findings.loc[claim, 'difference (points)'] == pytest.approx(why.loc[('Ours', 'object-mask', 'multi-fill'), 'drift OOD (cos. ×100)']
+                                                                        - why.loc[('Ours', 'object-mask', 'no-fill'), 'drift OOD (cos. ×100)'])
 
 def test_comparison_notebook_on_micro(tmp_path):
     "Experiment 31 runs on micro; its WiSE-FT curve ends at the zero-shot and the vanilla models, and table 2's rates grow as the threshold falls."

@@ -330,10 +330,13 @@ def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
                     heads:dict|None=None, # row name → its own [classes, D] head (e.g. LP-FT); default the zero-shot head
                     id_wnids:Sequence[str]|None=None, # the ID classes' WordNet ids, for test sets named by them (paper scale)
                     id_aliases:Sequence[Sequence[str]]=(), # other names of the ID classes (e.g. the ID dataset's ClassLabel names)
-                    batch_size:int=256, device=None, progress:bool=True)->pd.DataFrame:
+                    batch_size:int=256, device=None, progress:bool=True,
+                    autocast:str='none', # forward passes under torch.autocast: 'none', 'bfloat16', 'float16' (the profile's `autocast`)
+                   )->pd.DataFrame:
     "Top-1 accuracy of each encoder on each test set, predictions restricted to the test set's classes: tidy records."
-    from fusion_nb.evaluation import image_loader
+    from fusion_nb.evaluation import _autocast, image_loader
     device, heads = get_device(device), dict(heads or {})
+    _autocast(device, autocast)   # a bad name fails before any data is read
     clip = clip.to(device).eval()
     unknown = [r for r in heads if r not in encoders]
     if unknown: raise FusionError(f"heads given for rows that are not evaluated: {unknown}")
@@ -347,7 +350,8 @@ def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
         for batch in image_loader(ds, processor, batch_size):
             x, y = batch['pixel_values'].to(device), batch['label'].to(device)
             for r, enc in encoders.items():
-                correct[r] += int((group_predictions(zs[r](enc.to(device).eval()(pixel_values=x).pooler_output), groups) == y).sum())
+                with _autocast(device, autocast): lg = zs[r](enc.to(device).eval()(pixel_values=x).pooler_output)
+                correct[r] += int((group_predictions(lg.float(), groups) == y).sum())
             n += len(y)
         if n == 0: raise FusionError(f"test set {name!r} is empty")
         records += [{'model': r, 'task': name, 'metric': 'accuracy', 'value': c / n} for r, c in correct.items()]
@@ -383,19 +387,23 @@ def feature_drift(encoders:dict, # row name → CLIPVisionModel (fine-tuned)
                   reference:CLIPVisionModel, # the frozen pre-trained encoder f̂
                   logits:ZeroShotLogits, # its projection: `features` gives the embeddings the objective distils
                   processor, test_sets:dict, # the image processor; test-set name → HF dataset with `image`
-                  *, batch_size:int=256, device=None, progress:bool=True)->pd.DataFrame:
+                  *, batch_size:int=256, device=None, progress:bool=True,
+                  autocast:str='none', # forward passes under torch.autocast (the profile's `autocast`); distances in float64
+                 )->pd.DataFrame:
     "Per encoder and test set, the mean over images of `embedding_distances` between f(x) and f̂(x): tidy records."
-    from fusion_nb.evaluation import image_loader
+    from fusion_nb.evaluation import _autocast, image_loader
     device = get_device(device)
+    _autocast(device, autocast)
     zs, ref = logits.to(device), reference.to(device).eval()
     records = []
     for name, ds in tqdm(test_sets.items(), desc='feature drift', disable=not progress):
         sums, n = {(r, m): 0. for r in encoders for m in ('cosine_distance', 'relative_sq_distance')}, 0
         for batch in image_loader(ds, processor, batch_size):
             x = batch['pixel_values'].to(device)
-            target = zs.features(ref(pixel_values=x).pooler_output)
+            with _autocast(device, autocast): target = zs.features(ref(pixel_values=x).pooler_output)
             for r, enc in encoders.items():
-                for m, v in embedding_distances(zs.features(enc.to(device).eval()(pixel_values=x).pooler_output), target).items(): sums[r, m] += float(v.sum())
+                with _autocast(device, autocast): f = zs.features(enc.to(device).eval()(pixel_values=x).pooler_output)
+                for m, v in embedding_distances(f, target).items(): sums[r, m] += float(v.sum())
             n += len(x)
         if n == 0: raise FusionError(f"test set {name!r} is empty")
         records += [{'model': r, 'task': name, 'metric': m, 'value': s / n} for (r, m), s in sums.items()]
