@@ -244,3 +244,34 @@ def test_paper_003_profiles_parse_and_fail_at_once_offline(tmp_path, name, model
         assert 'dataset.objectnet = ' in r.stderr and 'fusion_nb.masking.imagenet_data.save_image_folders' in r.stderr, r.stderr
     # at once: no experiment started, nothing written (a time limit would be a timed test, and flaky under load)
     assert 'running' not in r.stdout and sorted((Path(__file__).parents[1]/'outputs'/name).rglob('*')) == before
+
+def test_openai_clip_converter_as_exported():
+    "The exported converter (not the notebook's namespace): a random OpenAI-layout ViT, its image embedding through nn.MultiheadAttention blocks."
+    import math
+    from fusion_nb.masking.openai_clip import openai_clip_model
+    g = torch.Generator().manual_seed(0); r = lambda *s: 0.2 * torch.randn(*s, generator=g)
+    w, p, grid, e = 32, 4, 2, 16
+    sd = {'visual.conv1.weight': r(w, 3, p, p), 'visual.class_embedding': r(w), 'visual.positional_embedding': r(grid * grid + 1, w), 'visual.proj': r(w, e),
+          'token_embedding.weight': r(20, w), 'positional_embedding': r(5, w), 'text_projection': r(w, e), 'logit_scale': torch.tensor(math.log(50.))}
+    for n in ('visual.ln_pre', 'visual.ln_post', 'ln_final'): sd[f'{n}.weight'], sd[f'{n}.bias'] = 1 + r(w), r(w)
+    for root in ('visual.transformer.resblocks.0.', 'transformer.resblocks.0.'):
+        sd.update({root + 'attn.in_proj_weight': r(3 * w, w), root + 'attn.in_proj_bias': r(3 * w), root + 'attn.out_proj.weight': r(w, w),
+                   root + 'attn.out_proj.bias': r(w), root + 'ln_1.weight': 1 + r(w), root + 'ln_1.bias': r(w), root + 'ln_2.weight': 1 + r(w),
+                   root + 'ln_2.bias': r(w), root + 'mlp.c_fc.weight': r(4 * w, w), root + 'mlp.c_fc.bias': r(4 * w),
+                   root + 'mlp.c_proj.weight': r(w, 4 * w), root + 'mlp.c_proj.bias': r(w)})
+    model = openai_clip_model(sd, vision_heads=4, text_heads=4)
+    x = torch.randn(2, 3, grid * p, grid * p, generator=g)
+    mha = torch.nn.MultiheadAttention(w, 4, batch_first=True)
+    mha.load_state_dict({'in_proj_weight': sd['visual.transformer.resblocks.0.attn.in_proj_weight'], 'in_proj_bias': sd['visual.transformer.resblocks.0.attn.in_proj_bias'],
+                         'out_proj.weight': sd['visual.transformer.resblocks.0.attn.out_proj.weight'], 'out_proj.bias': sd['visual.transformer.resblocks.0.attn.out_proj.bias']})
+    ln = lambda t, n: F.layer_norm(t, (w,), sd[n + '.weight'], sd[n + '.bias'], 1e-5)
+    with torch.no_grad():
+        tok = F.conv2d(x, sd['visual.conv1.weight'], stride=p).flatten(2).transpose(1, 2)
+        h = ln(torch.cat([sd['visual.class_embedding'].expand(2, 1, w), tok], 1) + sd['visual.positional_embedding'], 'visual.ln_pre')
+        b = 'visual.transformer.resblocks.0.'
+        a = ln(h, b + 'ln_1'); h = h + mha(a, a, a, need_weights=False)[0]
+        m = F.linear(ln(h, b + 'ln_2'), sd[b + 'mlp.c_fc.weight'], sd[b + 'mlp.c_fc.bias'])
+        h = h + F.linear(m * torch.sigmoid(1.702 * m), sd[b + 'mlp.c_proj.weight'], sd[b + 'mlp.c_proj.bias'])
+        ref = ln(h[:, 0], 'visual.ln_post') @ sd['visual.proj']
+        got = model.visual_projection(model.vision_model(pixel_values=x).pooler_output)
+    assert torch.allclose(got, ref, atol=1e-5), float((got - ref).abs().max())

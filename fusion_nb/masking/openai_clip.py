@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/masking/openai_clip.html.md"""
 
 # %% ../../nbs/masking/44_openai_clip.ipynb #ec5a5448
 from __future__ import annotations
-import re
+import math, re
 from pathlib import Path
 
 import torch
