@@ -63,5 +63,11 @@ def test_every_evaluation_takes_the_profiles_autocast():
             for m in re.finditer(r'\b(evaluate|merge_ensemble_gap|evaluate_routed|neulig_records|dict)\((?:[^()]|\([^()]*\))*\)', src):
                 if 'max_samples=P.max_test_samples' in m.group(0): calls.append((nb.name, m.group(0)))
     assert len(calls) >= 6
+    # paper 003's evaluations on the test sets (30, 31) take the whole test set or max_test_samples when loading it
+    for nb in sorted(Path(__file__).parents[1].glob('nbs/experiments/3*.ipynb')):
+        for c in json.loads(nb.read_text())['cells']:
+            calls += [(nb.name, m.group(0)) for m in re.finditer(r'\b(evaluate_id_ood|feature_drift)\((?:[^()]|\([^()]*\))*\)', ''.join(c['source']))]
+    assert {n for n, c in calls if 'evaluate_id_ood' in c} == {'30_masked_images.ipynb', '31_masked_images_comparison.ipynb'}
+    assert any(n == '30_masked_images.ipynb' and c.startswith('feature_drift') for n, c in calls)
     missing = [f'{n}: {c[:80]}' for n, c in calls if 'autocast=P.autocast' not in c]
     assert not missing, missing

@@ -155,6 +155,49 @@ def test_masking_strategies_notebook_on_micro(tmp_path):
     zero_ood = res.loc['zero_shot', ['imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a']].mean()
     assert findings.loc['vanilla FT loses OOD against zero-shot', 'difference (points)'] == pytest.approx(vanilla_ood - zero_ood)
     assert (out/'figure6.png').exists() and (out/'figure6.pdf').exists() and (out/'table1_paper.csv').exists()
+    _check_feature_drift(out, runs, t1)
+
+def _check_feature_drift(out, runs, t1):
+    "The feature-drift table has table 1's fine-tuned rows; one drift and one counterfactual distance recomputed here independently."
+    import math
+    import pandas as pd
+    from fusion_nb.masking.counterfactual_ft import counterfactual_distance, finetune_budget
+    from fusion_nb.masking.imagenet_data import id_text
+    from fusion_nb.pools import ModelPool, Task, TaskPool
+    from fusion_nb.reproduce.profiles import load_profile
+    why = pd.read_csv(out/'feature_drift.csv', index_col=[0, 1, 2])
+    assert list(why.index) == list(t1.index[1:])   # every row of table 1 but zero-shot
+    rec = pd.read_csv(out/'feature_drift_records.csv').set_index(['model', 'task', 'metric'])['value']
+    # vanilla fine-tuning of seed 0 again (deterministic), and its drift on the ID test set image by image
+    P = load_profile('micro', tasks=['imagenet'])
+    models, task = ModelPool(P.pretrained, {}, P.device, P.dtype), Task('imagenet', P.datasets['imagenet'], split=P.test_split)
+    clip, tok, proc = models.clip, models.tokenizer, models.processor
+    train, test = task.load('train'), task.load(P.test_split, max_samples=P.max_test_samples, seed=P.seed)
+    ID = id_text(P, 'imagenet', train.features['label'].names)
+    B = finetune_budget(P, finetune_epochs=1)
+    vanilla = finetune_counterfactual(clip, tok, proc, train, ID.class_names, ID.templates,
+                                      CounterfactualFT(**{**B, 'masking': 'none', 'refill': 'none', 'beta': 0.}), seed=0, progress=False).encoder
+    x = pixel_values(proc, test['image'])
+    dist = []
+    with torch.no_grad():
+        for i in range(len(x)):
+            f = clip.visual_projection(vanilla(pixel_values=x[i:i + 1]).pooler_output)[0].double()
+            fh = clip.visual_projection(clip.vision_model(pixel_values=x[i:i + 1]).pooler_output)[0].double()
+            dist.append(1 - float((f * fh).sum()) / math.sqrt(float((f * f).sum()) * float((fh * fh).sum())))
+    assert rec['vanilla_ft/s0', 'imagenet', 'cosine_distance'] == pytest.approx(100 * sum(dist) / len(dist), rel=1e-3, abs=1e-4)
+    assert why.loc[('Vanilla fine-tuning', '–', '–'), 'drift ID (cos. ×100)'] == pytest.approx(
+        sum(rec[f'vanilla_ft/s{s}', 'imagenet', 'cosine_distance'] for s in (0, 1)) / 2)
+    # random-mask / multi-fill at its one rate (0.5): the counterfactuals of the training images, from the pre-trained encoder, seed by seed
+    zs = ZeroShotLogits(clip.visual_projection, clip.logit_scale, zeroshot_head(clip, tok, ID.class_names, ID.templates))
+    xt, yt = pixel_values(proc, train['image']), torch.tensor(train['label'])
+    cfg = CounterfactualFT(**{**B, 'masking': 'random', 'refill': 'multi', 'rate': 0.5})
+    cd = [counterfactual_distance(clip.vision_model, zs, xt, yt, cfg, seed=s)['cosine_distance'] for s in (0, 1)]
+    assert why.loc[('Ours', 'random-mask', 'multi-fill'), 'counterfactual distance (cos. ×100)'] == pytest.approx(100 * sum(cd) / 2, rel=1e-6)
+    assert why.loc[('Ours', 'no masking', '–'), 'counterfactual distance (cos. ×100)'] == pytest.approx(0, abs=1e-4)   # x_cf = x
+    findings = pd.read_csv(out/'findings.csv', index_col=0)
+    claim = 'multi-fill drifts further than no-fill on OOD (object-mask, cos. ×100)'
+    assert findings.loc[claim, 'difference (points)'] == pytest.approx(why.loc[('Ours', 'object-mask', 'multi-fill'), 'drift OOD (cos. ×100)']
+                                                                        - why.loc[('Ours', 'object-mask', 'no-fill'), 'drift OOD (cos. ×100)'])
 
 def test_comparison_notebook_on_micro(tmp_path):
     "Experiment 31 runs on micro; its WiSE-FT curve ends at the zero-shot and the vanilla models, and table 2's rates grow as the threshold falls."
@@ -196,5 +239,39 @@ def test_paper_003_profiles_parse_and_fail_at_once_offline(tmp_path, name, model
                        capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert r.returncode == 2, r.stderr
     assert f"profile {name!r} needs the Hugging Face Hub" in r.stderr and model in r.stderr and 'ILSVRC/imagenet-1k' in r.stderr
+    if not Path(p.datasets['objectnet']).exists():
+        # the folders no hub gives: the message says how to write them (as the notebooks' check_sources does)
+        assert 'dataset.objectnet = ' in r.stderr and 'fusion_nb.masking.imagenet_data.save_image_folders' in r.stderr, r.stderr
     # at once: no experiment started, nothing written (a time limit would be a timed test, and flaky under load)
     assert 'running' not in r.stdout and sorted((Path(__file__).parents[1]/'outputs'/name).rglob('*')) == before
+
+def test_openai_clip_converter_as_exported():
+    "The exported converter (not the notebook's namespace): a random OpenAI-layout ViT, its image embedding through nn.MultiheadAttention blocks."
+    import math
+    from fusion_nb.masking.openai_clip import openai_clip_model
+    g = torch.Generator().manual_seed(0); r = lambda *s: 0.2 * torch.randn(*s, generator=g)
+    w, p, grid, e = 32, 4, 2, 16
+    sd = {'visual.conv1.weight': r(w, 3, p, p), 'visual.class_embedding': r(w), 'visual.positional_embedding': r(grid * grid + 1, w), 'visual.proj': r(w, e),
+          'token_embedding.weight': r(20, w), 'positional_embedding': r(5, w), 'text_projection': r(w, e), 'logit_scale': torch.tensor(math.log(50.))}
+    for n in ('visual.ln_pre', 'visual.ln_post', 'ln_final'): sd[f'{n}.weight'], sd[f'{n}.bias'] = 1 + r(w), r(w)
+    for root in ('visual.transformer.resblocks.0.', 'transformer.resblocks.0.'):
+        sd.update({root + 'attn.in_proj_weight': r(3 * w, w), root + 'attn.in_proj_bias': r(3 * w), root + 'attn.out_proj.weight': r(w, w),
+                   root + 'attn.out_proj.bias': r(w), root + 'ln_1.weight': 1 + r(w), root + 'ln_1.bias': r(w), root + 'ln_2.weight': 1 + r(w),
+                   root + 'ln_2.bias': r(w), root + 'mlp.c_fc.weight': r(4 * w, w), root + 'mlp.c_fc.bias': r(4 * w),
+                   root + 'mlp.c_proj.weight': r(w, 4 * w), root + 'mlp.c_proj.bias': r(w)})
+    model = openai_clip_model(sd, vision_heads=4, text_heads=4)
+    x = torch.randn(2, 3, grid * p, grid * p, generator=g)
+    mha = torch.nn.MultiheadAttention(w, 4, batch_first=True)
+    mha.load_state_dict({'in_proj_weight': sd['visual.transformer.resblocks.0.attn.in_proj_weight'], 'in_proj_bias': sd['visual.transformer.resblocks.0.attn.in_proj_bias'],
+                         'out_proj.weight': sd['visual.transformer.resblocks.0.attn.out_proj.weight'], 'out_proj.bias': sd['visual.transformer.resblocks.0.attn.out_proj.bias']})
+    ln = lambda t, n: F.layer_norm(t, (w,), sd[n + '.weight'], sd[n + '.bias'], 1e-5)
+    with torch.no_grad():
+        tok = F.conv2d(x, sd['visual.conv1.weight'], stride=p).flatten(2).transpose(1, 2)
+        h = ln(torch.cat([sd['visual.class_embedding'].expand(2, 1, w), tok], 1) + sd['visual.positional_embedding'], 'visual.ln_pre')
+        b = 'visual.transformer.resblocks.0.'
+        a = ln(h, b + 'ln_1'); h = h + mha(a, a, a, need_weights=False)[0]
+        m = F.linear(ln(h, b + 'ln_2'), sd[b + 'mlp.c_fc.weight'], sd[b + 'mlp.c_fc.bias'])
+        h = h + F.linear(m * torch.sigmoid(1.702 * m), sd[b + 'mlp.c_proj.weight'], sd[b + 'mlp.c_proj.bias'])
+        ref = ln(h[:, 0], 'visual.ln_post') @ sd['visual.proj']
+        got = model.visual_projection(model.vision_model(pixel_values=x).pooler_output)
+    assert torch.allclose(got, ref, atol=1e-5), float((got - ref).abs().max())

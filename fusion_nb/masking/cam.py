@@ -71,9 +71,10 @@ class ZeroShotLogits(nn.Module):
                  logit_scale:Tensor, # the pretrained CLIP's logit scale (log-space, as stored)
                  head:Tensor, # [classes, D] zero-shot head
                  trainable_head:bool=False, # make the head a parameter (LP-FT trains it); else a frozen buffer
+                 trainable_projection:bool=False, # train the projection too (the authors' fine-tuning); else frozen
                 ):
         super().__init__()
-        self.visual_projection = visual_projection.requires_grad_(False)   # frozen in place: pass a copy to keep the original trainable
+        self.visual_projection = visual_projection.requires_grad_(trainable_projection)   # set in place: pass a copy to keep the original as it was
         if trainable_head: self.head = nn.Parameter(head.detach().float().clone())
         else: self.register_buffer('head', head.detach().float())
         self.register_buffer('scale', logit_scale.detach().float().exp())

@@ -28,7 +28,8 @@ from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 __all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'counterfactual_loss', 'kd_loss', 'subset_predictions',
            'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels',
            'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe', 'class_groups',
-           'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'claim_findings']
+           'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'embedding_distances', 'feature_drift',
+           'counterfactual_distance', 'claim_findings']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -105,6 +106,7 @@ class CounterfactualFT:
     eval_every:int = 0             # validation every this many steps (0: at the end of each epoch)
     kd_gamma:float = 0.            # WiSE-KD weight γ (appendix A.3: 1 when a KD teacher is given)
     kd_temperature:float = KD_TEMPERATURE
+    train_projection_head:bool = False  # the authors' code: CLIP's visual projection and the zero-shot head train with the encoder
 
     def __post_init__(self):
         if self.masking not in MASKINGS: raise UnknownNameError(f"unknown masking strategy {self.masking!r}. Strategies: {', '.join(MASKINGS)}")
@@ -174,6 +176,7 @@ class FineTuneResult:
     best_val_accuracy:float
     history:pd.DataFrame = field(repr=False)
     head:Tensor|None = field(default=None, repr=False)   # [classes, D] the head the encoder was selected with
+    projection:nn.Module|None = field(default=None, repr=False)   # its visual projection when trained (`train_projection_head`), else None
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #8ca7908e
 def _split(n:int, val_size:int, g:torch.Generator)->tuple[Tensor, Tensor]:
@@ -182,12 +185,12 @@ def _split(n:int, val_size:int, g:torch.Generator)->tuple[Tensor, Tensor]:
     perm = torch.randperm(n, generator=g)
     return perm[val_size:], perm[:val_size]
 
-def _cf_term(cfg, student, teacher, zs, x, y, patch_size, g):
-    "β·MSE(f̂(x_cf), f(x_cf)) for a batch, with its MSE (zero tensors when β = 0)."
+def _cf_term(cfg, student, teacher, zs, frozen, x, y, patch_size, g):
+    "β·MSE(f̂(x_cf), f(x_cf)) for a batch, with its MSE (zero tensors when β = 0); `frozen` holds f̂'s projection."
     if cfg.beta == 0: return (torch.zeros((), device=x.device),) * 2
     rel = class_cam(student, zs, x, y) if cfg.masking in ('object', 'context') else None
     cf = counterfactuals(x, patch_size, cfg.masking, cfg.refill, rel, cfg.threshold, cfg.rate, generator=g)
-    with torch.no_grad(): target = counterfactual_features(teacher, zs, cf)
+    with torch.no_grad(): target = counterfactual_features(teacher, frozen, cf)
     mse = F.mse_loss(counterfactual_features(student, zs, cf), target)
     return cfg.beta * mse, mse
 
@@ -206,6 +209,8 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
     "Fine-tune a copy of `clip`'s vision encoder with eq. 2 (or eq. 3 with a KD teacher); return the best on validation."
     if (kd_teacher is None) != (cfg.kd_gamma == 0):
         raise HyperparameterError(f"WiSE-KD needs both a kd_teacher and kd_gamma > 0 (got kd_gamma={cfg.kd_gamma}, kd_teacher={'set' if kd_teacher is not None else None})")
+    if cfg.train_projection_head and kd_teacher is not None:
+        raise HyperparameterError("train_projection_head=True with a kd_teacher: the teacher's logits would need its own projection and head (not supported)")
     device, g = get_device(device), seed_everything(seed)
     y_all = torch.as_tensor(train_dataset['label'])
     if len(y_all) and (int(y_all.min()) < 0 or int(y_all.max()) >= len(class_names)):
@@ -215,17 +220,24 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
     if head is None: head = zeroshot_head(clip, tokenizer, class_names, templates, device=device)
     elif head.shape != (len(class_names), clip.config.projection_dim):
         raise FusionError(f"head has shape {tuple(head.shape)}, expected (classes, projection) = ({len(class_names)}, {clip.config.projection_dim})")
-    zs = ZeroShotLogits(copy.deepcopy(clip.visual_projection), clip.logit_scale, head, trainable_head=train_head).to(device)
+    scale = clip.logit_scale.detach().float().exp()
+    if cfg.train_projection_head:   # the authors' head: a Linear holding scale·head on normalised features (the scale folded into what AdamW moves)
+        zs = ZeroShotLogits(copy.deepcopy(clip.visual_projection), torch.zeros(()), head * scale.to(head.device),
+                            trainable_head=True, trainable_projection=True).to(device)
+    else: zs = ZeroShotLogits(copy.deepcopy(clip.visual_projection), clip.logit_scale, head, trainable_head=train_head).to(device)
+    frozen = ZeroShotLogits(copy.deepcopy(clip.visual_projection), clip.logit_scale, head).to(device)   # f̂'s features: the pre-trained projection
     teacher = copy.deepcopy(clip.vision_model).eval().requires_grad_(False)
     student = copy.deepcopy(clip.vision_model).train().requires_grad_(True)
     patch = clip.config.vision_config.patch_size
     per_epoch = math.ceil(len(train_idx) / cfg.batch_size); total = max(1, round(cfg.epochs * per_epoch))
     every = cfg.eval_every or per_epoch
-    params = [*student.parameters(), *([zs.head] if train_head else [])]
+    params = [*student.parameters(), *([zs.head] if train_head or cfg.train_projection_head else []),
+              *(zs.visual_projection.parameters() if cfg.train_projection_head else [])]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, total)
     val_acc = lambda: subset_accuracy(dataset_logits(student.eval(), zs, processor, train_dataset, val_idx, device=device), y_all[val_idx])
-    snapshot = lambda: (copy.deepcopy(student.state_dict()), zs.head.detach().clone())
+    snapshot = lambda: (copy.deepcopy(student.state_dict()), (zs.head.detach() / scale.to(device) if cfg.train_projection_head else zs.head.detach()).clone(),   # the head as evaluate_id_ood scales it
+                        copy.deepcopy(zs.visual_projection.state_dict()))
     best = (-1., 0, None)   # the paper selects among fine-tuned checkpoints: the starting model is not a candidate
     rows, order = [], torch.zeros(0, dtype=torch.long)
     for step in tqdm(range(1, total + 1), desc='counterfactual fine-tuning', disable=not progress, leave=False):
@@ -234,7 +246,7 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
         x, y = dataset_pixels(processor, train_dataset, i).to(device), y_all[i].to(device)
         logits = zs(student(pixel_values=x).pooler_output)
         ce = F.cross_entropy(logits, y)
-        cf_loss, mse = _cf_term(cfg, student, teacher, zs, x, y, patch, g)
+        cf_loss, mse = _cf_term(cfg, student, teacher, zs, frozen, x, y, patch, g)
         kd = kd_loss(logits, zs(kd_teacher(pixel_values=x).pooler_output), cfg.kd_temperature) if kd_teacher is not None else torch.zeros((), device=device)
         loss = ce + cf_loss + cfg.kd_gamma * kd
         if not torch.isfinite(loss): raise NonFiniteError(f"finetune_counterfactual: the loss is {float(loss)} at step {step} (lr={cfg.lr})")
@@ -249,7 +261,11 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
         rows.append(row)
     vision = CLIPVisionModel(clip.config.vision_config)
     vision.load_state_dict(best[2][0])
-    return FineTuneResult(vision.to(device).eval(), best[1], best[0], pd.DataFrame(rows), best[2][1].cpu())
+    projection = None
+    if cfg.train_projection_head:
+        projection = copy.deepcopy(clip.visual_projection).requires_grad_(False)
+        projection.load_state_dict(best[2][2])
+    return FineTuneResult(vision.to(device).eval(), best[1], best[0], pd.DataFrame(rows), best[2][1].cpu(), projection)
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #3dd85c6e
 def linear_probe(clip:CLIPModel, tokenizer, processor, # the pre-trained CLIP, its tokenizer and image processor
@@ -327,17 +343,21 @@ def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
                     class_names:Sequence[str], templates:Sequence[str], # the ID task's classes and prompts
                     *,
                     heads:dict|None=None, # row name → its own [classes, D] head (e.g. LP-FT); default the zero-shot head
+                    projections:dict|None=None, # row name → its own visual projection (`FineTuneResult.projection`); default CLIP's
                     id_wnids:Sequence[str]|None=None, # the ID classes' WordNet ids, for test sets named by them (paper scale)
                     id_aliases:Sequence[Sequence[str]]=(), # other names of the ID classes (e.g. the ID dataset's ClassLabel names)
-                    batch_size:int=256, device=None, progress:bool=True)->pd.DataFrame:
+                    batch_size:int=256, device=None, progress:bool=True,
+                    autocast:str='none', # forward passes under torch.autocast: 'none', 'bfloat16', 'float16' (the profile's `autocast`)
+                   )->pd.DataFrame:
     "Top-1 accuracy of each encoder on each test set, predictions restricted to the test set's classes: tidy records."
-    from fusion_nb.evaluation import image_loader
-    device, heads = get_device(device), dict(heads or {})
+    from fusion_nb.evaluation import _autocast, image_loader
+    device, heads, projections = get_device(device), dict(heads or {}), dict(projections or {})
+    _autocast(device, autocast)   # a bad name fails before any data is read
     clip = clip.to(device).eval()
-    unknown = [r for r in heads if r not in encoders]
-    if unknown: raise FusionError(f"heads given for rows that are not evaluated: {unknown}")
+    unknown = [r for r in [*heads, *projections] if r not in encoders]
+    if unknown: raise FusionError(f"heads or projections given for rows that are not evaluated: {unknown}")
     head0 = zeroshot_head(clip, tokenizer, class_names, templates, device=device)
-    zs = {r: ZeroShotLogits(clip.visual_projection, clip.logit_scale, heads.get(r, head0)).to(device) for r in encoders}
+    zs = {r: ZeroShotLogits(projections.get(r) or clip.visual_projection, clip.logit_scale, heads.get(r, head0)).to(device) for r in encoders}
     records = []
     for name, ds in tqdm(test_sets.items(), desc='test sets', disable=not progress):
         try: groups = class_groups(class_names, ds.features['label'].names, id_wnids=id_wnids, id_aliases=id_aliases)
@@ -346,7 +366,8 @@ def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
         for batch in image_loader(ds, processor, batch_size):
             x, y = batch['pixel_values'].to(device), batch['label'].to(device)
             for r, enc in encoders.items():
-                correct[r] += int((group_predictions(zs[r](enc.to(device).eval()(pixel_values=x).pooler_output), groups) == y).sum())
+                with _autocast(device, autocast): lg = zs[r](enc.to(device).eval()(pixel_values=x).pooler_output)
+                correct[r] += int((group_predictions(lg.float(), groups) == y).sum())
             n += len(y)
         if n == 0: raise FusionError(f"test set {name!r} is empty")
         records += [{'model': r, 'task': name, 'metric': 'accuracy', 'value': c / n} for r, c in correct.items()]
@@ -365,6 +386,67 @@ def evaluation_splits(tasks:Sequence[str], # the ID task and the shifted ones
         if task not in out: raise UnknownNameError(f"test split override {item!r}: unknown task {task!r}. Tasks: {', '.join(tasks)}")
         out[task] = split
     return out
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #653c5488
+def embedding_distances(a:Tensor, # (n, D) embeddings
+                        b:Tensor, # (n, D) reference embeddings, row by row
+                       )->dict[str, Tensor]:
+    "Per row: the cosine distance 1 − cos(a, b) and the relative squared distance ‖a − b‖² / ‖b‖²."
+    if a.shape != b.shape: raise FusionError(f"embedding_distances: shapes {tuple(a.shape)} and {tuple(b.shape)} differ")
+    a, b = a.double(), b.double()
+    return {'cosine_distance': 1 - F.cosine_similarity(a, b, dim=-1),
+            'relative_sq_distance': (a - b).pow(2).sum(-1) / b.pow(2).sum(-1).clamp_min(torch.finfo(torch.float64).tiny)}
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #1293226a
+@torch.no_grad()
+def feature_drift(encoders:dict, # row name → CLIPVisionModel (fine-tuned)
+                  reference:CLIPVisionModel, # the frozen pre-trained encoder f̂
+                  logits:ZeroShotLogits, # its projection: `features` gives the embeddings the objective distils
+                  processor, test_sets:dict, # the image processor; test-set name → HF dataset with `image`
+                  *, projections:dict|None=None, # row name → its own visual projection (trained with `train_projection_head`)
+                  batch_size:int=256, device=None, progress:bool=True,
+                  autocast:str='none', # forward passes under torch.autocast (the profile's `autocast`); distances in float64
+                 )->pd.DataFrame:
+    "Per encoder and test set, the mean over images of `embedding_distances` between f(x) and f̂(x): tidy records."
+    from fusion_nb.evaluation import _autocast, image_loader
+    device = get_device(device)
+    _autocast(device, autocast)
+    zs, ref = logits.to(device), reference.to(device).eval()
+    own = {r: ZeroShotLogits(p, torch.zeros(()), logits.head).to(device) for r, p in (projections or {}).items() if r in encoders}
+    records = []
+    for name, ds in tqdm(test_sets.items(), desc='feature drift', disable=not progress):
+        sums, n = {(r, m): 0. for r in encoders for m in ('cosine_distance', 'relative_sq_distance')}, 0
+        for batch in image_loader(ds, processor, batch_size):
+            x = batch['pixel_values'].to(device)
+            with _autocast(device, autocast): target = zs.features(ref(pixel_values=x).pooler_output)
+            for r, enc in encoders.items():
+                with _autocast(device, autocast): f = own.get(r, zs).features(enc.to(device).eval()(pixel_values=x).pooler_output)
+                for m, v in embedding_distances(f, target).items(): sums[r, m] += float(v.sum())
+            n += len(x)
+        if n == 0: raise FusionError(f"test set {name!r} is empty")
+        records += [{'model': r, 'task': name, 'metric': m, 'value': s / n} for (r, m), s in sums.items()]
+    return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value'])
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #39f42047
+@torch.no_grad()
+def counterfactual_distance(encoder:CLIPVisionModel, # the frozen pre-trained encoder f̂ (also the CAM's model, as the student at step 0)
+                            logits:ZeroShotLogits, # pooled output → logits (CAM) and features
+                            pixels:Tensor, labels:Tensor, # (n, 3, H, W) training images and their labels
+                            cfg:CounterfactualFT, # masking, refill, threshold, rate and batch size, as in training
+                            *, seed:int=0, device=None)->dict[str, float]:
+    "Mean over images of `embedding_distances` between f̂(x_cf) and f̂(x), counterfactuals built batch by batch as training builds them."
+    device, g = get_device(device), torch.Generator().manual_seed(seed)
+    enc, zs, patch = encoder.to(device).eval(), logits.to(device), encoder.config.patch_size
+    sums, n = {'cosine_distance': 0., 'relative_sq_distance': 0.}, 0
+    for i in range(0, len(pixels), cfg.batch_size):
+        x, y = pixels[i:i + cfg.batch_size].to(device), torch.as_tensor(labels[i:i + cfg.batch_size]).to(device)
+        if len(x) < 2 and cfg.refill != 'none' and cfg.masking != 'none': continue   # a last batch of one image has no donor
+        rel = class_cam(enc, zs, x, y) if cfg.masking in ('object', 'context') else None
+        cf = counterfactuals(x, patch, cfg.masking, cfg.refill, rel, cfg.threshold, cfg.rate, generator=g)
+        for m, v in embedding_distances(counterfactual_features(enc, zs, cf), zs.features(enc(pixel_values=x).pooler_output)).items(): sums[m] += float(v.sum())
+        n += len(x)
+    if n == 0: raise FusionError(f"counterfactual_distance: no batch of at least two images among {len(pixels)}")
+    return {m: s / n for m, s in sums.items()}
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #695624f7
 def claim_findings(claims:Sequence[tuple], # (claim, row a, row b, column, sign): the claim is sign·(a − b) > 0

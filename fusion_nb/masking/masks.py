@@ -66,12 +66,15 @@ def context_mask(relevance:Tensor, # (batch, patches) CAM scores in [0, 1]
 
 def random_mask(batch:int, num_patches:int, # mask shape
                 rate:float=0.5, # r: the proportion masked (section 4.2: 0.25, 0.5, 0.75)
-                generator:torch.Generator|None=None, device=None)->Tensor:
-    "(batch, patches) bool with exactly round(r·patches) masked patches per image, uniformly at random."
+                generator:torch.Generator|None=None, device=None,
+                exact:bool=True, # True: each image keeps ⌊(1 − r)·patches⌋ patches; False: each patch masked with probability r
+               )->Tensor:
+    "(batch, patches) bool: patches masked uniformly at random, an exact number per image or independently per patch."
     check_range('rate', rate, 0, 1)
-    k = int(round(rate * num_patches))
-    order = torch.rand(batch, num_patches, generator=generator).argsort(-1)
-    return torch.zeros(batch, num_patches, dtype=torch.bool).scatter(1, order[:, :k], True).to(device)
+    u = torch.rand(batch, num_patches, generator=generator)
+    if not exact: return (u < rate).to(device)   # the authors' single- and multi-fill: a Bernoulli(r) draw per patch
+    k = num_patches - int(num_patches * (1 - rate))   # the authors' no-fill keeps int(P·(1 − r)) patches, as MAE
+    return torch.zeros(batch, num_patches, dtype=torch.bool).scatter(1, u.argsort(-1)[:, :k], True).to(device)
 
 # %% ../../nbs/masking/41_masks.ipynb #5d6cd308
 def _donors(shape:tuple, batch:int, generator, device)->Tensor:
@@ -138,7 +141,7 @@ def counterfactuals(pixel_values:Tensor, # (batch, 3, H, W) the factual images x
             raise FusionError(f"{masking}-mask needs CAM relevance of shape (batch, patches) = ({b}, {n}), got "
                               f"{None if relevance is None else tuple(relevance.shape)}")
         mask = (object_mask if masking == 'object' else context_mask)(relevance, threshold).to(pixel_values.device)
-    elif masking == 'random': mask = random_mask(b, n, rate, generator, pixel_values.device)
+    elif masking == 'random': mask = random_mask(b, n, rate, generator, pixel_values.device, exact=refill == 'none')   # as the authors' code
     else: mask = torch.zeros(b, n, dtype=torch.bool, device=pixel_values.device)
     if masking == 'none' or refill == 'none':
         return Counterfactuals(pixel_values, mask, None if masking == 'none' else ~mask)

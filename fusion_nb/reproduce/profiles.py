@@ -257,7 +257,16 @@ def _hub_error(profile:Profile, missing:list[str])->FusionError:
         f"with hub access (a GPU machine for the paper scale: `fusion-nb reproduce --profile {profile.name}`), or "
         "fill the Hugging Face cache there first (run the profile once, or `hf download <model>` and load each "
         "dataset once) and copy it (HF_HOME) here; with everything cached the profile runs offline. "
-        "The offline default is `--profile tiny`.")
+        + _local_folders_note(profile) + "The offline default is `--profile tiny`.")
+
+def _local_folders_note(profile:Profile)->str:
+    "The profile's local dataset folders that do not exist, and how they are written ('' when none is missing)."
+    absent = [f"dataset.{t} = {v}" for t, v in profile.datasets.items() if is_local(v) and not Path(v).expanduser().exists()]
+    if not absent: return ''
+    return (f"Its local dataset folder(s) are missing too ({', '.join(absent)}): no hub gives them; save each from its "
+            "distributed image folders first (paper 003's ImageNet-V2 and ObjectNet: "
+            "`fusion_nb.masking.imagenet_data.save_image_folders`, as settings.ini says above the profile; others: "
+            "`DatasetDict.save_to_disk` with `image` and a ClassLabel `label`). ")
 
 def prepare(profile:Profile, # the profile about to run
             build:bool=True, # run the profile's builder (`profile.build`) if set
