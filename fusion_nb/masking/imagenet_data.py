@@ -149,13 +149,13 @@ def soup_state_dicts(sources:str|Sequence[str], # space-separated or a list: CLI
 # %% ../../nbs/masking/43_imagenet_data.ipynb #cdc16ecf
 @dataclass(frozen=True)
 class FileSource(ShiftSource):
-    "A paper-002 set the profile reads in place from the files it is distributed as (no conversion)."
+    "A paper-002 set the profile points at as it is (the files it is distributed as, or a saved DatasetDict): no conversion step."
     def how_to_save(self)->str:
         return f"download {self.folders} and set dataset.{self.task} to it"
 
 PAPER002_SOURCES:dict[str, ShiftSource] = {
-    'cifar10': ShiftSource('cifar10', 'uoft-cs/cifar10', False, 'test', "CIFAR-10's test images (a DatasetDict with a `test` split; "
-                           "columns image or img, and a ClassLabel label with the ten names in CIFAR-10's order)"),
+    'cifar10': FileSource('cifar10', 'uoft-cs/cifar10', False, 'test', "a copy of uoft-cs/cifar10 saved with DatasetDict.save_to_disk "
+                          "(a `test` split; columns img or image, and a ClassLabel label with the ten names in CIFAR-10's order)"),
     **{t: PAPER003_SOURCES[t] for t in ('imagenet', 'imagenet_v2', 'imagenet_a', 'imagenet_r', 'imagenet_sketch')},
     'imagenet_real': FileSource('imagenet_real', None, False, 'validation', "real.json of github.com/google-research/reassessed-imagenet "
                                 "(the file itself; its images are dataset.imagenet's validation split)"),
