@@ -218,13 +218,13 @@ def shift_set(name:str, # one of EXPERIMENT_TASKS['21']
               seed:int=0)->dict[str, EvalSet]:
     "The adapt and test `EvalSet`s of one of Table 1's columns at paper scale."
     if name not in EXPERIMENT_TASKS['21']: raise UnknownNameError(f"unknown shift {name!r}. Shifts: {', '.join(EXPERIMENT_TASKS['21'])}")
-    if name == 'imagenet_c':
-        f = imagenet_c_files(sources[name]); out = {}
-        cells = [g for _, g in f.groupby(['corruption', 'severity'], sort=False)]
+    import datasets
+    if name == 'imagenet_c':   # c_images per corruption × severity in each split
+        cells = [g for _, g in imagenet_c_files(sources[name]).groupby(['corruption', 'severity'], sort=False)]
         rows = [_split_rows(len(g), c_images, c_images, seed, name) for g in cells]
+        picked = {sp: pd.concat([g.iloc[r[sp]] for g, r in zip(cells, rows)]) for sp in ('adapt', 'test')}
         groups = [[i] for i in range(len(IMAGENET_WNIDS))]
-        return {sp: _file_set(*(lambda t: (list(t.path), list(t.label), groups, t[['corruption', 'severity']]))(pd.concat([g.iloc[r[sp]] for g, r in zip(cells, rows)])))
-                for sp in ('adapt', 'test')}
+        return {sp: _file_set(list(t.path), list(t.label), groups, t[['corruption', 'severity']]) for sp, t in picked.items()}
     if name == 'conflict_stimuli':
         f = conflict_files(sources[name]); cats = sorted(CUE_CONFLICT_TO_IMAGENET)
         groups = imagenet_groups(cats, groups=CUE_CONFLICT_TO_IMAGENET); rows = _split_rows(len(f), n_adapt, n_test, seed, name)
@@ -236,7 +236,7 @@ def shift_set(name:str, # one of EXPERIMENT_TASKS['21']
     if name != 'imagenet_real':
         return {sp: _tensor_set(ds, r, 'imagenet', groups) for sp, r in _split_rows(len(ds), n_adapt, n_test, seed, name).items()}
     real = real_labels(sources['imagenet_real'])
-    files = [im['path'] or '' for im in ds.cast_column('image', __import__('datasets').Image(decode=False))['image']]
+    files = [im['path'] or '' for im in ds.cast_column('image', datasets.Image(decode=False))['image']]   # the file names, undecoded
     lists = [real[val_index(f)] if val_index(f) < len(real) else None for f in files]
     if any(l is None for l in lists): raise FusionError(f"imagenet_real: {sources['imagenet_real']} has {len(real)} entries, fewer than the validation images' indices")
     keep = np.array([i for i, l in enumerate(lists) if l])   # ReaL leaves out the images no label fits
