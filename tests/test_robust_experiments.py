@@ -86,7 +86,7 @@ def test_fronts_endpoints_recomputed(tmp_path):
 
 @pytest.mark.parametrize('name', ['20_robust_fronts', '21_robust_shifts'])
 def test_paper_profile_names_the_missing_checkpoints(tmp_path, name):
-    "The paper-002 profile trains nothing: without the user's TorchScript files both experiments stop at once, naming them."
+    "The paper-002 profile trains nothing: offline, without the user's TorchScript files and test sets, both experiments stop at once, naming them all."
     P = load_profile('robust-soups', settings=REPO/'settings.ini')
     assert P.experiments == ['20', '21'] and P.extra['robust_simplex_attack'] == 'strong'
     args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/f'{name}.ipynb'), str(tmp_path/'run.ipynb'), '-k', 'python3',
@@ -97,3 +97,7 @@ def test_paper_profile_names_the_missing_checkpoints(tmp_path, name):
     assert 'paper-scale robust models missing' in r.stderr and 'No such file: theta_linf=' in r.stderr, r.stderr[-2000:]
     first = 'cifar10' if name.startswith('20') else 'imagenet'   # the first dataset the experiment needs
     assert f"theta_linf={REPO}/data/paper002/{first}/theta_linf.pt" in r.stderr
+    # every test set the experiment reads is named, with what to do, before any work (no output folder written)
+    from fusion_nb.robust.paper_data import EXPERIMENT_TASKS
+    for t in EXPERIMENT_TASKS[name[:2]]: assert f"\n  - {t}: " in r.stderr, (t, r.stderr[-3000:])
+    assert "It is gated" in r.stderr and not (tmp_path/'out').exists()

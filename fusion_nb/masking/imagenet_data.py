@@ -15,7 +15,8 @@ from ..checkpoints import LazyStateDict, hub_revision, is_local_source, vision_s
 from ..core import FusionError
 
 # %% auto #0
-__all__ = ['PAPER003_SOURCES', 'ShiftSource', 'save_image_folders', 'check_sources', 'IdText', 'id_text', 'soup_state_dicts']
+__all__ = ['PAPER003_SOURCES', 'PAPER002_SOURCES', 'ShiftSource', 'save_image_folders', 'check_sources', 'IdText', 'id_text',
+           'soup_state_dicts', 'FileSource']
 
 # %% ../../nbs/masking/43_imagenet_data.ipynb #50cac713
 @dataclass(frozen=True)
@@ -144,3 +145,22 @@ def soup_state_dicts(sources:str|Sequence[str], # space-separated or a list: CLI
     dup = sorted({s for s in sources if sources.count(s) > 1})
     if dup: raise FusionError(f"soup_state_dicts: listed twice: {dup} (a uniform soup weighs each model once)")
     return {s: vision_state_dict(s) for s in sources}
+
+# %% ../../nbs/masking/43_imagenet_data.ipynb #cdc16ecf
+@dataclass(frozen=True)
+class FileSource(ShiftSource):
+    "A paper-002 set the profile points at as it is (the files it is distributed as, or a saved DatasetDict): no conversion step."
+    def how_to_save(self)->str:
+        return f"download {self.folders} and set dataset.{self.task} to it"
+
+PAPER002_SOURCES:dict[str, ShiftSource] = {
+    'cifar10': FileSource('cifar10', 'uoft-cs/cifar10', False, 'test', "a copy of uoft-cs/cifar10 saved with DatasetDict.save_to_disk "
+                          "(a `test` split; columns img or image, and a ClassLabel label with the ten names in CIFAR-10's order)"),
+    **{t: PAPER003_SOURCES[t] for t in ('imagenet', 'imagenet_v2', 'imagenet_a', 'imagenet_r', 'imagenet_sketch')},
+    'imagenet_real': FileSource('imagenet_real', None, False, 'validation', "real.json of github.com/google-research/reassessed-imagenet "
+                                "(the file itself; its images are dataset.imagenet's validation split)"),
+    'imagenet_c': FileSource('imagenet_c', None, False, 'test', "ImageNet-C's noise/blur/weather/digital tar files (zenodo.org/record/2235448), "
+                             "extracted into one folder of <corruption>/<severity>/<wnid>/ image folders"),
+    'conflict_stimuli': FileSource('conflict_stimuli', None, False, 'test', "stimuli/style-transfer-preprocessed-512/ of "
+                                   "github.com/rgeirhos/texture-vs-shape (16 folders named by category, 1,280 PNG files)"),
+}

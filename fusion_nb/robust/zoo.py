@@ -21,9 +21,9 @@ from .attacks import NORMS, budget, check_norm
 from .models import adversarial_train, convnet, to_tensors
 
 # %% auto #0
-__all__ = ['STANDINS', 'PAPER_SIDE', 'STANDIN_RADIUS_SCALE', 'standin_eps', 'standin_attacks', 'standin', 'ModelSpec',
-           'model_name', 'zoo_specs', 'ZooBudget', 'zoo_dir', 'train_model', 'robust_zoo', 'load_zoo',
-           'checkpoint_sources', 'load_checkpoints']
+__all__ = ['STANDINS', 'PAPER_SIDE', 'STANDIN_RADIUS_SCALE', 'FINETUNE_LR_SCALE', 'standin_eps', 'standin_attacks', 'standin',
+           'ModelSpec', 'model_name', 'zoo_specs', 'ZooBudget', 'zoo_dir', 'peak_lr', 'train_model', 'robust_zoo',
+           'load_zoo', 'checkpoint_sources', 'missing_checkpoints', 'load_checkpoints']
 
 # %% ../../nbs/robust/53_zoo.ipynb #f3d008d4
 STANDINS = {'cifar10': 10, 'imagenet': 12}  # paper 002's datasets → classes of the rendered stand-in (fusion_nb.tiny.tasks)
@@ -103,7 +103,7 @@ class ZooBudget:
     epochs:int = 20 # from scratch (App. A.1: 200)
     finetune_epochs:int = 4 # fine-tuning (App. A.1: 10 on CIFAR-10, 1 on ImageNet)
     attack_steps:int|None = None # APGD steps in training (None: App. A.1's, 10 on CIFAR-10, 2/2/20 on ImageNet)
-    batch_size:int = 128 # App. A.1
+    batch_size:int = 128 # App. A.1 (the tiny profile: 32, see below)
     lr:float = 0.1 # peak learning rate (App. A.1)
     seed:int = 0
     threads:int = 1 # torch threads while training (part of the recipe)
@@ -120,7 +120,7 @@ def _recipes(dataset, specs, b:ZooBudget)->dict[str, str]:
     if len(set(names)) < len(names): raise HyperparameterError(f"a model is declared twice in {names}")
     # the radii are part of the recipe: standin_eps is not in the digested code
     base = {'dataset': dataset, 'budget': asdict(b), 'eps': {n: standin_eps(dataset, n) for n in NORMS},
-            'code': _code_digest(attacks, models, tasks, train_model)}
+            'code': _code_digest(attacks, models, tasks, train_model, peak_lr)}
     out = {}
     for s in specs:
         if s.start is not None and s.start not in out: raise HyperparameterError(f"{s.name!r} starts from {s.start!r}, which is not declared before it")
@@ -128,6 +128,13 @@ def _recipes(dataset, specs, b:ZooBudget)->dict[str, str]:
     return out
 
 # %% ../../nbs/robust/53_zoo.ipynb #f0194a85
+FINETUNE_LR_SCALE = {('cifar10', 'l1', 'l2'): 5.0}  # App. A.1: CIFAR-10 fine-tunes peak at 0.1, θ1→2 at 0.5
+
+def peak_lr(spec:ModelSpec, dataset:str, lr:float)->float:
+    "A model's peak learning rate: `lr`, times App. A.1's factor for a fine-tune it singles out (CIFAR-10 θ1→2: 0.5 for 0.1)."
+    if spec.start is None or len(spec.norms) != 1: return lr
+    return lr * FINETUNE_LR_SCALE.get((dataset, spec.start.removeprefix('theta_'), spec.norms[0]), 1.0)
+
 def train_model(spec:ModelSpec, dataset:str, x:torch.Tensor, y:torch.Tensor, b:ZooBudget, start:nn.Module|None=None)->nn.Module:
     "Train one model of the zoo as its spec says (from scratch: step schedule; fine-tuning from `start`: cosine)."
     seed_everything(b.seed)   # the random initialisation is part of the recipe
@@ -138,7 +145,7 @@ def train_model(spec:ModelSpec, dataset:str, x:torch.Tensor, y:torch.Tensor, b:Z
     eps = {n: standin_eps(dataset, n) * spec.eps_factor for n in spec.norms}
     return adversarial_train(model, x, y, spec.norms or None, combine=spec.combine, dataset=dataset, eps=eps or None,
                              epochs=b.finetune_epochs if spec.start else b.epochs, schedule='cosine' if spec.start else 'step',
-                             lr=b.lr, batch_size=b.batch_size, attack_steps=b.attack_steps, seed=b.seed + (1 if spec.start else 0))
+                             lr=peak_lr(spec, dataset, b.lr), batch_size=b.batch_size, attack_steps=b.attack_steps, seed=b.seed + (1 if spec.start else 0))
 
 # %% ../../nbs/robust/53_zoo.ipynb #1b86d60e
 def _read_manifest(folder:Path)->dict:
@@ -203,14 +210,21 @@ def checkpoint_sources(value:str, # 'name=source name=source …' (a profile's r
         out[name] = str((Path(root)/src).resolve()) if src.startswith(('./', '../')) else src
     return out
 
+def missing_checkpoints(sources:dict[str, str], # from checkpoint_sources
+                        required:Sequence[str], # names the experiment needs
+                       )->str|None:
+    "What is missing among the local checkpoints an experiment needs (names not given, files not there), or None."
+    missing = [n for n in required if n not in sources]
+    absent = [f"{n}={s}" for n, s in sources.items() if s.startswith('/') and not Path(s).exists()]
+    if not (missing or absent): return None
+    return ("paper-scale robust models missing. " + (f"Not given: {', '.join(missing)}. " if missing else '')
+            + (f"No such file: {', '.join(absent)}. " if absent else '') + "Each is a TorchScript file (see fusion_nb.robust.zoo)")
+
 def load_checkpoints(sources:dict[str, str], # from checkpoint_sources
                      required:Sequence[str], # names the experiment needs
                     )->dict[str, nn.Module]:
     "TorchScript models by zoo name, in eval mode; every missing name, file or hub file is named in one error."
-    missing = [n for n in required if n not in sources]
-    absent = [f"{n}={s}" for n, s in sources.items() if s.startswith('/') and not Path(s).exists()]
-    if missing or absent: raise FusionError("paper-scale robust models missing. " + (f"Not given: {', '.join(missing)}. " if missing else '')
-                                            + (f"No such file: {', '.join(absent)}. " if absent else '') + "Each is a TorchScript file (see fusion_nb.robust.zoo)")
+    if (why := missing_checkpoints(sources, required)): raise FusionError(why)
     out = {}
     for n, s in sources.items():
         if not s.startswith('/'):
