@@ -248,7 +248,7 @@ def cached_builds(folder:str|Path, # holds the items and manifest.json
         return e.setdefault('files', digest(n)) == digest(n)   # an older entry without hashes is adopted as it is
     kept = {n: entries[n] for n in recipes if current(n)}
     man = {**(header or {}), section: {**kept, **({n: e for n, e in entries.items() if n not in recipes} if keep_others else {})}}
-    if f.exists() or kept: atomic_write_text(f, json.dumps(man, indent=1))
+    if man != old: atomic_write_text(f, json.dumps(man, indent=1))   # unchanged: not rewritten
     for n in tqdm([n for n in recipes if n not in kept], desc=desc, disable=not progress):
         folder.mkdir(parents=True, exist_ok=True); t0 = time.time()
         info = dict(build(n) or {})

@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/robust/zoo.html.md"""
 
 # %% ../../nbs/robust/53_zoo.ipynb #3a983913
 from __future__ import annotations
-import json, math, time
+import functools, json, math, time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -14,9 +14,8 @@ from typing import Sequence
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from tqdm.auto import tqdm
 
-from ..core import FusionError, HyperparameterError, UnknownNameError, atomic_write_text, check_range, project_root, seed_everything
+from ..core import FusionError, HyperparameterError, UnknownNameError, cached_builds, check_range, project_root, seed_everything
 from .attacks import NORMS, budget, check_norm
 from .models import adversarial_train, convnet, to_tensors
 
@@ -159,27 +158,24 @@ def robust_zoo(folder:str|Path, # where the models and manifest.json go
                budget:ZooBudget=ZooBudget(),
                progress:bool=True,
               )->Path:
-    "Train the models of `specs` that are missing or stale in `folder`; return the folder."
+    "Train the models of `specs` that are missing, stale or changed on disk in `folder` (`cached_builds`); return the folder."
     from fusion_nb.tiny.zoo import deterministic
     folder, specs = Path(folder), list(specs or zoo_specs(dataset))
-    rec, man = _recipes(_check_dataset(dataset), specs, budget), _read_manifest(folder)
-    have = {n: m for n, m in man.get('models', {}).items() if m.get('recipe') == rec.get(n) and (folder/m['file']).exists()}
-    todo = [s for s in specs if s.name not in have]
-    man = dict(paper='002', dataset=dataset, classes=STANDINS[dataset], architecture='convnet', width=budget.width,
-               budget=asdict(budget), eps={n: standin_eps(dataset, n) for n in NORMS}, models={n: have[n] for n in rec if n in have})
-    if not todo: return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    x, y = standin(dataset, 'train', budget.n_train, budget.seed)
+    recipes, specs = _recipes(_check_dataset(dataset), specs, budget), {s.name: s for s in specs}   # a name declared twice is refused here
+    train_set = functools.cache(lambda: standin(dataset, 'train', budget.n_train, budget.seed))   # only when something is trained
+    def build(name):
+        s = specs[name]
+        m = train_model(s, dataset, *train_set(), budget, load_zoo(folder, [s.start])[s.start] if s.start else None)
+        tmp = folder/f'.{name}.safetensors.tmp'
+        save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp)); tmp.replace(folder/f'{name}.safetensors')
+        return dict(file=f'{name}.safetensors', spec=asdict(s))
+    header = dict(paper='002', dataset=dataset, classes=STANDINS[dataset], architecture='convnet', width=budget.width,
+                  budget=asdict(budget), eps={n: standin_eps(dataset, n) for n in NORMS})
     with deterministic(budget.threads):
-        for s in tqdm(todo, desc=f'robust zoo ({dataset})', disable=not progress):
-            t0 = time.time()
-            m = train_model(s, dataset, x, y, budget, load_zoo(folder, [s.start])[s.start] if s.start else None)
-            tmp = folder/f'.{s.name}.safetensors.tmp'
-            save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp)); tmp.replace(folder/f'{s.name}.safetensors')
-            man['models'][s.name] = dict(file=f'{s.name}.safetensors', recipe=rec[s.name], spec=asdict(s), train_seconds=round(time.time() - t0, 1))
-            man['models'] = {n: man['models'][n] for n in rec if n in man['models']}   # in the specs' order
-            atomic_write_text(folder/'manifest.json', json.dumps(man, indent=1))
+        cached_builds(folder, recipes, build, lambda n: [f'{n}.safetensors'],
+                      section='models', header=header, keep_others=False, desc=f'robust zoo ({dataset})', progress=progress)
     return folder
+
 
 # %% ../../nbs/robust/53_zoo.ipynb #74f4487c
 def load_zoo(folder:str|Path, # a folder `robust_zoo` wrote
