@@ -15,8 +15,8 @@ from ..checkpoints import LazyStateDict, hub_revision, is_local_source, vision_s
 from ..core import FusionError
 
 # %% auto #0
-__all__ = ['PAPER003_SOURCES', 'PAPER002_SOURCES', 'ShiftSource', 'save_image_folders', 'check_sources', 'IdText', 'id_text',
-           'soup_state_dicts', 'FileSource']
+__all__ = ['PAPER003_SOURCES', 'PAPER002_SOURCES', 'ShiftSource', 'save_image_folders', 'missing_sources', 'check_sources',
+           'IdText', 'id_text', 'soup_state_dicts', 'FileSource']
 
 # %% ../../nbs/masking/43_imagenet_data.ipynb #50cac713
 @dataclass(frozen=True)
@@ -80,9 +80,9 @@ def save_image_folders(src:str|Path|dict, # a folder of class folders (ObjectNet
     return Path(out)
 
 # %% ../../nbs/masking/43_imagenet_data.ipynb #1d573d2e
-def _hub_problem(task:str, src:str, reachable:bool, cached:set[str])->str|None:
-    "Why hub dataset `src` cannot be read, or None."
-    info = PAPER003_SOURCES.get(task)
+def _hub_problem(task:str, src:str, reachable:bool, cached:set[str], catalog:dict=PAPER003_SOURCES)->str|None:
+    "Why hub dataset `src` cannot be read, or None (`catalog` says whether it is gated)."
+    info = catalog.get(task)
     gated = f" It is gated: accept its terms on https://huggingface.co/datasets/{hub_revision(src.partition(':')[0])[0]}, then `hf auth login`." if info and info.gated else ''
     if not reachable:
         return None if f'dataset {src}' not in cached else f"{task}: hub dataset {src!r} is not in the local cache and the hub is not reachable.{gated}"
@@ -95,23 +95,33 @@ def _hub_problem(task:str, src:str, reachable:bool, cached:set[str])->str|None:
     return None
 
 # %% ../../nbs/masking/43_imagenet_data.ipynb #1e4b6e2c
+def missing_sources(profile, # a fusion_nb.reproduce.profiles.Profile with dataset.<task> for the tasks read
+                    tasks:Sequence[str], # the tasks about to be read
+                    catalog:dict=PAPER003_SOURCES, # task → where it comes from and how to save it (PAPER003_SOURCES, PAPER002_SOURCES)
+                    *, hub_reachable:bool|None=None, # default: ask the hub, only if some task is on it
+                   )->list[str]:
+    "One line per dataset of `tasks` that `profile` cannot read, saying how to provide it (empty: all readable)."
+    from fusion_nb.reproduce.profiles import hub_reachable as _reachable, missing_from_cache
+    hub_tasks = [t for t in tasks if t in profile.datasets and not is_local_source(profile.datasets[t])]
+    reachable = (_reachable() if hub_tasks else True) if hub_reachable is None else hub_reachable
+    cached_missing = set(missing_from_cache(profile)) if hub_tasks and not reachable else set()
+    problems = []
+    for t in tasks:
+        src, info = profile.datasets.get(t), catalog.get(t)
+        how = info.how_to_save() if info else "save it with DatasetDict.save_to_disk (columns image, ClassLabel label)"
+        if src is None: problems.append(f"{t}: the profile has no dataset.{t}: {how}.")
+        elif is_local_source(src):
+            if not Path(src).expanduser().exists(): problems.append(f"{t}: no dataset folder at {src}: {how}.")
+        elif (p := _hub_problem(t, src, reachable, cached_missing, catalog)): problems.append(f"{p} Or {how}.")
+    return problems
+
 def check_sources(profile, # a fusion_nb.reproduce.profiles.Profile
                   tasks:Sequence[str], # the tasks about to be read
                   *, hub_reachable:bool|None=None, # default: ask the hub (fusion_nb.reproduce.profiles.hub_reachable)
                  )->None:
     "Raise one FusionError naming every dataset of `tasks` that a hub profile cannot read, and how to provide it."
     if not profile.hub: return   # tiny / micro: prepare() builds the data
-    from fusion_nb.reproduce.profiles import hub_reachable as _reachable, missing_from_cache
-    reachable = _reachable() if hub_reachable is None else hub_reachable
-    cached_missing = set() if reachable else set(missing_from_cache(profile))
-    problems = []
-    for t in tasks:
-        src, info = profile.datasets[t], PAPER003_SOURCES.get(t)
-        how = info.how_to_save() if info else "save it with DatasetDict.save_to_disk (columns image, ClassLabel label)"
-        if is_local_source(src):
-            if not Path(src).expanduser().exists(): problems.append(f"{t}: no dataset folder at {src}: {how}.")
-        elif (p := _hub_problem(t, src, reachable, cached_missing)): problems.append(f"{p} Or {how}.")
-    if problems:
+    if problems := missing_sources(profile, tasks, hub_reachable=hub_reachable):
         raise FusionError(f"profile {profile.name!r}: paper 003's datasets are not all readable (the hub ids are unverified, "
                           "written without hub access):\n  - " + "\n  - ".join(problems))
 

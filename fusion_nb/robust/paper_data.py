@@ -20,7 +20,7 @@ from ..catalog import IMAGENET_WNIDS
 from ..checkpoints import is_local_source
 from ..core import FusionError, UnknownNameError, check_range
 from ..masking.counterfactual_ft import class_groups, group_predictions
-from ..masking.imagenet_data import PAPER002_SOURCES, _hub_problem
+from ..masking.imagenet_data import PAPER002_SOURCES, missing_sources
 from ..pools import check_schema
 
 # %% auto #0
@@ -251,15 +251,5 @@ def shift_set(name:str, # one of EXPERIMENT_TASKS['21']
 def missing_sets(profile, # a Profile with dataset.<task> for the tasks read
                  tasks:Sequence[str], # e.g. EXPERIMENT_TASKS['20']
                  *, hub_reachable:bool|None=None)->list[str]:
-    "One line per set of `tasks` that `profile` cannot read, saying what to do (empty: all readable)."
-    from fusion_nb.reproduce.profiles import hub_reachable as _reachable, missing_from_cache
-    problems, hub_sets = [], [t for t in tasks if t in profile.datasets and not is_local_source(profile.datasets[t])]
-    reachable = (_reachable() if hub_sets else True) if hub_reachable is None else hub_reachable
-    cached_missing = set(missing_from_cache(profile)) if hub_sets and not reachable else set()
-    for t in tasks:
-        src, how = profile.datasets.get(t), PAPER002_SOURCES[t].how_to_save()
-        if src is None: problems.append(f"{t}: the profile has no dataset.{t}: {how}.")
-        elif is_local_source(src):
-            if not Path(src).expanduser().exists(): problems.append(f"{t}: nothing at {src}: {how}.")
-        elif (p := _hub_problem(t, src, reachable, cached_missing)): problems.append(f"{p} Or {how}.")
-    return problems
+    "One line per set of `tasks` that `profile` cannot read, saying what to do (empty: all readable): paper 003's check, on paper 002's catalog."
+    return missing_sources(profile, tasks, PAPER002_SOURCES, hub_reachable=hub_reachable)
