@@ -1,4 +1,4 @@
-"""A small ConvNet trained adversarially from scratch in one ℓp threat model and fine-tuned into the others (θ_p → θ_p→q, paper 002 §3.1), on the CIFAR-10 stand-in, saved with a manifest: the ingredients of paper 002's soups at CPU scale.
+"""A small ConvNet trained adversarially from scratch in one ℓp threat model and fine-tuned into the others (θ_p → θ_p→q, paper 002 §3.1), on the rendered stand-ins: how the ingredients of paper 002's soups are trained at CPU scale.
 
 Docs: https://fusion-nb.github.io/fusion_nb/robust/models.html.md"""
 
@@ -6,23 +6,20 @@ Docs: https://fusion-nb.github.io/fusion_nb/robust/models.html.md"""
 
 # %% ../../nbs/robust/52_models.ipynb #c0542ef3
 from __future__ import annotations
-import json, math, time
-from pathlib import Path
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..core import FusionError, HyperparameterError, UnknownNameError, atomic_dir, check_range, seed_everything
+from ..core import HyperparameterError, UnknownNameError, check_range, seed_everything
 from .attacks import apgd, budget, check_eps, check_norm
 
 # %% auto #0
-__all__ = ['convnet', 'to_tensors', 'cifar10_standin', 'lr_at', 'training_attacks', 'perturb_batch', 'adversarial_train',
-           'build_robust_models', 'load_robust_models']
+__all__ = ['convnet', 'to_tensors', 'cifar10_standin', 'lr_at', 'training_attacks', 'perturb_batch', 'adversarial_train']
 
 # %% ../../nbs/robust/52_models.ipynb #3b1890ca
 def convnet(width:int=16, # channels of the first stage (then 2w, 4w)
@@ -132,61 +129,3 @@ def adversarial_train(model:nn.Module, # trained in place
             for grp in opt.param_groups: grp['lr'] = lr_at(e * per_epoch + b, total, lr, schedule)
             opt.zero_grad(); F.cross_entropy(model(xb), yb).backward(); opt.step()
     return model.eval()
-
-# %% ../../nbs/robust/52_models.ipynb #766772b0
-def _name(p, q=None): return f"theta_{p}" if q is None else f"theta_{p}_to_{q}"
-
-def build_robust_models(out_dir:str|Path, # folder to write (replaced whole, atomically)
-                        *,
-                        bases:Sequence[str]=('linf',), # threat models trained from scratch (paper 002: linf, l2, l1)
-                        targets:Sequence[str]=('linf', 'l2', 'l1'), # each base is fine-tuned into every other target
-                        nominal:bool=False, # also fine-tune each base to nominal training (θ_p→nominal)
-                        n_train:int=1000, # training images of the stand-in (the tiny scale's train split)
-                        n_test:int=200, # test images for the manifest's accuracies
-                        width:int=16, # ConvNet width
-                        epochs:int=20, # from-scratch epochs (App. A.1: 200)
-                        finetune_epochs:int=4, # fine-tuning epochs (App. A.1: 10)
-                        attack_steps:int=10, # APGD steps in training (App. A.1: 10)
-                        eval_steps:int=40, # APGD steps for the manifest's robust accuracies (App. A.2: 40)
-                        batch_size:int=128, # App. A.1
-                        seed:int=0,
-                        progress:bool=True,
-                       )->Path:
-    "Train θ_p and the fine-tuned θ_p→q on the CIFAR-10 stand-in; save them and `manifest.json` in `out_dir`."
-    bases, targets = [check_norm(b) for b in bases], [check_norm(t) for t in targets]
-    if not bases: raise HyperparameterError("bases is empty: nothing to train")
-    (xtr, ytr), (xte, yte) = cifar10_standin('train', n_train, seed), cifar10_standin('test', n_test, seed)
-    kw = dict(batch_size=batch_size, attack_steps=attack_steps, progress=progress)
-    models, t0 = {}, time.time()
-    for p in bases:
-        models[_name(p)] = base = adversarial_train(convnet(width), xtr, ytr, p, epochs=epochs, seed=seed, **kw)
-        for q in [t for t in targets if t != p] + (['nominal'] if nominal else []):
-            ft = convnet(width); ft.load_state_dict(base.state_dict())
-            models[_name(p, q)] = adversarial_train(ft, xtr, ytr, None if q == 'nominal' else q, epochs=finetune_epochs,
-                                                    schedule='cosine', seed=seed + 1, **kw)
-    train_s = round(time.time() - t0, 1)
-    acc = {}
-    for name, m in tqdm(models.items(), desc='evaluate', disable=not progress, leave=False):
-        with torch.no_grad(): clean = float((m(xte).argmax(1) == yte).float().mean())
-        acc[name] = dict(clean=clean, **{n: apgd(m, xte, yte, n, budget('cifar10', n)['eps'], steps=eval_steps,
-                                                   loss=budget('cifar10', n)['loss'], seed=seed).accuracy for n in ('linf', 'l2', 'l1')})
-    manifest = dict(paper='002', task='cifar10 (rendered stand-in, fusion_nb.tiny.tasks)', architecture=f'convnet(width={width})',
-                    n_train=n_train, n_test=n_test, epochs=epochs, finetune_epochs=finetune_epochs, attack_steps=attack_steps,
-                    eval_steps=eval_steps, batch_size=batch_size, seed=seed, train_seconds=train_s,
-                    eps={n: budget('cifar10', n)['eps'] for n in ('linf', 'l2', 'l1')},
-                    models={n: dict(file=f'{n}.safetensors', accuracy=acc[n]) for n in models})
-    with atomic_dir(out_dir) as tmp:
-        for n, m in models.items(): save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp/f'{n}.safetensors'))
-        (tmp/'manifest.json').write_text(json.dumps(manifest, indent=1))
-    return Path(out_dir)
-
-def load_robust_models(folder:str|Path)->dict[str, nn.Module]:
-    "The models `build_robust_models` saved in `folder`, by name, in eval mode."
-    folder = Path(folder)
-    if not (folder/'manifest.json').exists(): raise FusionError(f"{folder} has no manifest.json: build it with build_robust_models")
-    man = json.loads((folder/'manifest.json').read_text())
-    width = int(man['architecture'].split('=')[1].rstrip(')'))
-    out = {}
-    for n, info in man['models'].items():
-        m = convnet(width); m.load_state_dict(load_file(str(folder/info['file']))); out[n] = m.eval()
-    return out
