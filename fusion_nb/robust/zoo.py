@@ -99,10 +99,10 @@ class ZooBudget:
     "The training budget of a zoo (paper 002, App. A.1, scaled to the profile)."
     n_train:int = 1000 # training images of the stand-in
     width:int = 16 # ConvNet width
-    epochs:int = 20 # from scratch (App. A.1: 200)
+    epochs:int = 20 # from scratch (App. A.1: 200; the tiny profile: 80, settings.ini)
     finetune_epochs:int = 4 # fine-tuning (App. A.1: 10 on CIFAR-10, 1 on ImageNet)
     attack_steps:int|None = None # APGD steps in training (None: App. A.1's, 10 on CIFAR-10, 2/2/20 on ImageNet)
-    batch_size:int = 128 # App. A.1 (the tiny profile: 32, see below)
+    batch_size:int = 128 # App. A.1 (the tiny profile: 32, settings.ini)
     lr:float = 0.1 # peak learning rate (App. A.1)
     seed:int = 0
     threads:int = 1 # torch threads while training (part of the recipe)
