@@ -1,4 +1,4 @@
-"""End to end over fusion_nb.robust: robust models built on the CIFAR-10 stand-in, souped in place, evaluated under attack."""
+"""End to end over fusion_nb.robust: robust models built on the CIFAR-10 stand-in by the zoo's one builder, souped in place, evaluated under attack."""
 import json
 
 import pytest
@@ -6,27 +6,30 @@ import torch
 
 from fusion_nb.core import FusionError, HyperparameterError
 from fusion_nb.robust.attacks import threat_models
-from fusion_nb.robust.models import adversarial_train, build_robust_models, cifar10_standin, convnet, load_robust_models
+from fusion_nb.robust.models import adversarial_train, cifar10_standin, convnet
 from fusion_nb.robust.soups import SoupKitchen, evaluate_soups
+from fusion_nb.robust.zoo import ModelSpec, ZooBudget, load_zoo, robust_zoo, zoo_specs
 from fusion_nb.methods.soups import affine_grid
+
+SPECS = [ModelSpec('theta_linf', ('linf',)), ModelSpec('theta_linf_to_l1', ('l1',), 'theta_linf'),
+         ModelSpec('theta_l1', ('l1',)), ModelSpec('theta_l1_to_linf', ('linf',), 'theta_l1')]
 
 @pytest.fixture(scope='module')
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp('robust') / 'models'
-    return build_robust_models(out, bases=('linf', 'l1'), targets=('linf', 'l1'), n_train=40, n_test=20, width=4, epochs=1,
-                               finetune_epochs=1, attack_steps=2, eval_steps=2, batch_size=20, progress=False)
+    return robust_zoo(out, 'cifar10', SPECS, ZooBudget(n_train=40, width=4, epochs=1, finetune_epochs=1, attack_steps=2, batch_size=20), progress=False)
 
 def test_manifest_and_models(built):
     man = json.loads((built / 'manifest.json').read_text())
     assert list(man['models']) == ['theta_linf', 'theta_linf_to_l1', 'theta_l1', 'theta_l1_to_linf']
-    assert man['eps'] == {'linf': 8 / 255, 'l2': 128 / 255, 'l1': 12.0}  # paper 002 §4, CIFAR-10
-    assert not [p for p in built.parent.iterdir() if p.name.startswith('.')]  # written atomically: no temporary folder left
-    models = load_robust_models(built)
+    assert man['eps'] == {'linf': 8 / 255, 'l2': 128 / 255, 'l1': 12.0}  # paper 002 §4, CIFAR-10 (the stand-in keeps them)
+    assert not [p for p in built.iterdir() if p.name.endswith('.tmp')]  # written atomically: no temporary file left
+    models = load_zoo(built)
     assert set(models) == set(man['models']) and all(not m.training for m in models.values())
 
 def test_soups_of_a_model_and_its_finetuned_copy(built):
-    "Paper 002 §4.2's three-model simplex (here two bases), souped in place and attacked with the CIFAR-10 budgets."
-    models = load_robust_models(built)
+    "Paper 002 §4.2's soups of a base and its fine-tune, souped in place and attacked with the CIFAR-10 budgets."
+    models = load_zoo(built)
     pair = {n: models[n] for n in ('theta_linf', 'theta_linf_to_l1')}
     kitchen = SoupKitchen(convnet(4), pair)
     x, y = cifar10_standin('test', 10)
@@ -41,5 +44,5 @@ def test_bad_input(tmp_path):
     x, y = cifar10_standin('train', 8)
     with pytest.raises(HyperparameterError, match='not a valid attack radius'):
         adversarial_train(convnet(4), x, y, 'l2', eps=0.0, epochs=1, batch_size=8)
-    with pytest.raises(FusionError, match='has no manifest.json'): load_robust_models(tmp_path)
-    with pytest.raises(HyperparameterError, match='bases is empty'): build_robust_models(tmp_path / 'x', bases=[])
+    with pytest.raises(FusionError, match='no readable manifest.json'): load_zoo(tmp_path)
+    with pytest.raises(HyperparameterError, match='bases is empty'): zoo_specs('cifar10', bases=())
