@@ -198,7 +198,7 @@ def checkpoint_sources(value:str, # 'name=source name=source …' (a profile's r
                        root:str|Path, # where ./ paths start (settings.ini's folder)
                       )->dict[str, str]:
     "Zoo name → checkpoint source (absolute path or hub `owner/repo:file`), names checked against the dataset's zoo."
-    known, out = {s.name for s in zoo_specs(dataset, NORMS)}, {}
+    known, out = {s.name for s in zoo_specs(dataset, NORMS)} | ({'advprop'} if dataset == 'imagenet' else set()), {}   # + Table 1's AdvProp
     for item in value.split():
         name, sep, src = item.partition('=')
         if not sep or not src: raise FusionError(f"checkpoint entry {item!r}: expected name=path or name=owner/repo:file")
