@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/robust/advprop.html.md"""
 
 # %% ../../nbs/robust/56_advprop.ipynb #a37ce203
 from __future__ import annotations
-import contextlib, json
+import contextlib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..core import FusionError, UnknownNameError, cached_builds, check_range, seed_everything
+from ..core import UnknownNameError, cached_builds, check_range, seed_everything
 from .attacks import budget as attack_budget, check_eps, project_linf
 from .models import convnet, lr_at
 from .zoo import STANDINS, ZooBudget, standin, standin_eps
@@ -104,9 +104,11 @@ def advprop_model(folder:str|Path, # e.g. zoo_dir(root, profile, 'imagenet').wit
     from fusion_nb.tiny.build import _code_digest, _digest
     from fusion_nb.tiny.zoo import deterministic
     import fusion_nb.robust.advprop as me
+    from fusion_nb.robust import attacks, models
+    from fusion_nb.tiny import tasks
     if dataset not in STANDINS: raise UnknownNameError(f"unknown dataset {dataset!r}: expected one of {', '.join(STANDINS)}")
     folder, eps, steps = Path(folder), standin_eps(dataset, 'linf'), attack_budget(dataset, 'linf', 'train')['steps']   # App. A.1: 2 on ImageNet
-    recipe = _digest({'dataset': dataset, 'budget': asdict(budget), 'eps': eps, 'steps': steps, 'code': _code_digest(me, convnet, lr_at)})
+    recipe = _digest({'dataset': dataset, 'budget': asdict(budget), 'eps': eps, 'steps': steps, 'code': _code_digest(me, attacks, models, tasks)})   # the stand-in data and attack code too, as the zoo's recipes
     def build(name):
         x, y = standin(dataset, 'train', budget.n_train, budget.seed)
         seed_everything(budget.seed); m = dual_convnet(budget.width, STANDINS[dataset])
