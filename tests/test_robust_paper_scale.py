@@ -50,6 +50,9 @@ def root(tmp_path_factory):
         for i, s in enumerate(zoo_specs(ds, ('linf', 'l2', 'l1'))):
             torch.manual_seed(i); torch.jit.save(torch.jit.script(convnet(4, k).eval()), str(r/'models'/ds/f'{s.name}.pt'))
         ckpt[ds] = ' '.join(f'{s.name}=./models/{ds}/{s.name}.pt' for s in zoo_specs(ds, ('linf', 'l2', 'l1')))
+    # Table 1's AdvProp row: another architecture (width 6), which experiment 20 must leave out of its soups
+    torch.manual_seed(99); torch.jit.save(torch.jit.script(convnet(6, 1000).eval()), str(r/'models'/'imagenet'/'advprop.pt'))
+    ckpt['imagenet'] += ' advprop=./models/imagenet/advprop.pt'
     (r/'settings.ini').write_text(f"""[paper-fake]
 description = the robust-soups layout on small local sets
 device = cpu
@@ -104,11 +107,15 @@ def test_fronts_at_paper_scale(root):
     for f in ['figure1', 'figure2', 'figure3', 'figure4', 'figure5', 'findings']: assert any(out.glob(f'{f}.*'))
 
 def test_shifts_at_paper_scale(root):
-    "Table 1's θ∞ row: per shift, the plain accuracy of θ∞ on the test split, predictions restricted to the shift's classes."
+    "Table 1's θ∞ and AdvProp rows: per shift, the plain accuracy of the model on the test split, predictions restricted to the shift's classes."
     out = run(root, '21_robust_shifts', '-p', 'radii', 'False')
     t1 = pd.read_csv(out/'table1.csv', index_col=[0, 1, 2])
-    row = t1.xs('Adversarial training (θ∞)', level='setup').iloc[0]
-    m = torch.jit.load(str(root/'models'/'imagenet'/'theta_linf.pt')).eval()
+    for setup, file in (('Adversarial training (θ∞)', 'theta_linf.pt'), ('AdvProp', 'advprop.pt')):
+        check_row(root, t1.xs(setup, level='setup').iloc[0], torch.jit.load(str(root/'models'/'imagenet'/file)).eval())
+    assert (out/'table1.md').exists() and (out/'findings.md').exists()
+
+def check_row(root, row, m):
+    "Each of four shifts: `row`'s accuracy equals model `m`'s plain restricted arg-max accuracy on the test split."
     d = root/'data'
     src = {'imagenet': str(d/'in'), 'imagenet_real': str(d/'real.json'), 'imagenet_a': str(d/'a'), 'conflict_stimuli': str(d/'cue'), 'imagenet_v2': str(d/'v2')}
     cats = sorted(CUE_CONFLICT_TO_IMAGENET)
@@ -121,4 +128,3 @@ def test_shifts_at_paper_scale(root):
             best = covered[int(logits[i, covered].argmax())]
             right.append(bool(e.accepted[i, next(j for j, g in enumerate(e.groups) if best in g)]))
         assert row[col] == pytest.approx(100 * np.mean(right)), name
-    assert (out/'table1.md').exists() and (out/'findings.md').exists()
