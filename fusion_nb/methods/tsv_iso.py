@@ -74,7 +74,7 @@ iso_c = declare(MergeMethod(
     'other tensors averaged; θ = θ₀ + α·Δ.', 'training-free',
     hypers={'alpha': Hyper(1.0, 'α, the scale of the merged task vector', 'FusionBench iso_c.yaml scaling_factor: 1.0 '
                            '(Marczak et al. 2025 tune α on validation data)', float)},
-    rule=per_matrix_rule(lambda taus, hp: iso_c_matrix(taus)), papers={'sota': {}}))
+    rule=per_matrix_rule(lambda taus, hp: iso_c_matrix(taus)), papers={'sota': {'alpha': 1.5}}))
 
 # %% ../../nbs/methods/50_tsv_iso.ipynb #e5dd4f27
 def iso_cts_split(r:int, # the layer's rank min(m, n)
@@ -108,4 +108,4 @@ iso_cts = declare(MergeMethod(
                            '(Marczak et al. 2025 tune α on validation data)', float),
             'common_fraction': Hyper(0.8, 'share of each layer\'s rank given to the common subspace', 'Marczak et al. 2025 §3.3; '
                                      'FusionBench iso_cts.yaml common_space_fraction: 0.8', float, interval='(0, 1]')},
-    rule=per_matrix_rule(lambda taus, hp: iso_cts_matrix(taus, hp['common_fraction'])), papers={'sota': {}}))
+    rule=per_matrix_rule(lambda taus, hp: iso_cts_matrix(taus, hp['common_fraction'])), papers={'sota': {'alpha': 1.5}}))
