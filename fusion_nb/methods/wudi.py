@@ -18,10 +18,13 @@ __all__ = ['wudi_merging', 'wudi_loss', 'wudi_matrix']
 # %% ../../nbs/methods/52_wudi.ipynb #802da9d6
 def wudi_loss(tau:Tensor, # (m, n) the merged task matrix τ_m
               taus:Tensor, # (T, m, n) the task matrices τᵢ
+              gram:Tensor|None=None, # (T, n, n) the τᵢᵀτᵢ, for tall layers (m > n): ‖d τᵢᵀ‖² = tr(d τᵢᵀτᵢ dᵀ) costs m·n² not m²·n
              )->Tensor:
     "Σᵢ ‖(τ_m − τᵢ) τᵢᵀ‖²_F / ‖τᵢ‖²_F (a zero τᵢ adds nothing)."
     norms = taus.flatten(1).pow(2).sum(1).clamp_min(torch.finfo(taus.dtype).tiny)
-    return (torch.matmul(tau - taus, taus.transpose(1, 2)).pow(2).sum((1, 2)) / norms).sum()
+    d = tau - taus
+    sq = (torch.matmul(d, gram) * d).sum((1, 2)) if gram is not None else torch.matmul(d, taus.transpose(1, 2)).pow(2).sum((1, 2))
+    return (sq / norms).sum()
 
 def wudi_matrix(taus:list[Tensor], # the T task matrices of one layer
                 steps:int=300, # Adam steps
@@ -29,11 +32,12 @@ def wudi_matrix(taus:list[Tensor], # the T task matrices of one layer
                )->Tensor:
     "WUDI for one layer: τ_m from Σᵢ τᵢ, `steps` Adam steps on `wudi_loss`."
     taus = torch.stack(taus)
+    gram = taus.transpose(1, 2) @ taus if taus.shape[1] > taus.shape[2] else None
     tau = taus.sum(0).clone().requires_grad_(True)
     opt = torch.optim.Adam([tau], lr=lr)
     with torch.enable_grad():
         for _ in range(steps):
-            opt.zero_grad(); wudi_loss(tau, taus).backward(); opt.step()
+            opt.zero_grad(); wudi_loss(tau, taus, gram).backward(); opt.step()
     return tau.detach()
 
 # %% ../../nbs/methods/52_wudi.ipynb #af625a40
