@@ -23,6 +23,8 @@ probe's time.
     python bench/merge_memory.py            # full ViT-B/32 scale (≈3.2 GB of checkpoints in a temp folder)
     python bench/merge_memory.py --small    # a tiny config, for a quick smoke run
     python bench/merge_memory.py --keep /tmp/b32 --repeat 3   # keep the checkpoints; best time of 3 runs each
+    python bench/merge_memory.py --methods tsv_merging iso_c emr_merging   # the probe and these declared methods only
+                                    # (a task-conditional method's peak includes building one task's model, .for_task)
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, threading, time
 from pathlib import Path
@@ -30,6 +32,8 @@ from pathlib import Path
 B32 = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=32)
 SMALL = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
 EXPERTS = [f'task{i}' for i in range(8)]
+# --methods: hyperparameters the bench changes from the defaults (memory does not depend on them; time does)
+BENCH_HP = {'wudi_merging': {'steps': 1}}   # WUDI: 1 Adam step per layer instead of 300 (its memory is one step's)
 
 def rss_anon_bytes():
     for line in open('/proc/self/status'):
@@ -84,7 +88,11 @@ def measure(folder: Path, what: str):
         elif what == 'task_arithmetic': merged = task_arithmetic(pre, experts, scaling_factor=0.3, progress=False)
         elif what == 'ties_tensor': merged = ties_merging(pre, experts, trim_scope='tensor', progress=False)
         elif what == 'ties_model': merged = ties_merging(pre, experts, trim_scope='model', progress=False)
-        else: raise SystemExit(f'unknown measurement {what!r}')
+        else:  # --methods: a declared method by name, with BENCH_HP's changes
+            from fusion_nb.merge import merge, MERGE_METHODS
+            if what not in MERGE_METHODS: raise SystemExit(f'unknown measurement {what!r}')
+            merged = merge(what, pre, experts, progress=False, **BENCH_HP.get(what, {}))
+            if hasattr(merged, 'for_task'): one = merged.for_task(EXPERTS[0])  # task-conditional: one task's model too
     print(json.dumps({'what': what, 'seconds': time.perf_counter() - t0, 'peak_bytes': s.peak - start, 'model_bytes': model_bytes, 'model_params': pre.numel()}), flush=True)
 
 def main():
@@ -92,6 +100,7 @@ def main():
     ap.add_argument('--small', action='store_true', help='a tiny config: a smoke run in seconds')
     ap.add_argument('--keep', metavar='DIR', help='build/keep the checkpoints in DIR (reused if present)')
     ap.add_argument('--repeat', type=int, default=1, help='run each measurement N times: best time, worst peak')
+    ap.add_argument('--methods', nargs='+', metavar='NAME', help='measure the probe and these declared merge methods only')
     ap.add_argument('--measure', nargs=2, metavar=('DIR', 'WHAT'), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.measure: return measure(Path(a.measure[0]), a.measure[1])
@@ -105,7 +114,7 @@ def main():
         warm_cache(folder)
         results = {}
         for rep in range(max(1, a.repeat)):
-            for what in ['probe', 'baseline', 'task_arithmetic', 'ties_tensor', 'ties_model']:
+            for what in ['probe', *a.methods] if a.methods else ['probe', 'baseline', 'task_arithmetic', 'ties_tensor', 'ties_model']:
                 out = subprocess.run([sys.executable, __file__, '--measure', str(folder), what], capture_output=True, text=True)
                 if out.returncode: print(out.stderr[-2000:]); raise SystemExit(f'{what} failed')
                 r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -122,6 +131,10 @@ def main():
             print(f"{what:18s} {r['seconds']:8.2f} {r['seconds'] / results['probe']['seconds']:8.2f} {r['peak_bytes'] / 1e9:16.3f} {r['peak_bytes'] / mb:12.2f}")
         print()
         if a.small: print('(--small: fixed overheads dominate at this size; the goals below are judged at ViT-B/32 scale only)')
+        if a.methods:
+            for what in a.methods:
+                if what in BENCH_HP: print(f"{what} ran with {BENCH_HP[what]}: its peak is the method's, its time is not")
+            return 0
         ok = True
         for what in ['task_arithmetic', 'ties_tensor', 'ties_model']:
             ratio = results[what]['peak_bytes'] / mb; ok &= ratio < 3

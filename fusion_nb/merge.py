@@ -17,6 +17,11 @@ from .methods.ties import ties_merging, ties, ties_thresholds
 from .methods.dare import dare_task_arithmetic, dare_ties
 from .methods.della import della
 from .methods.model_stock import model_stock
+# beyond paper 000 (issue 28, i28b): per-matrix SVD methods, CART, WUDI, and the task-conditional EMR / TALL masks
+from .methods.tsv_iso import tsv_merging, iso_c, iso_cts
+from .methods.cart import cart
+from .methods.wudi import wudi_merging
+from .methods.task_conditional import emr_merging, tall_masks, TaskConditional
 from .methods.interpolation import slerp, wise_ft
 from .methods.ensemble import ensemble, EnsembleSpec, is_ensemble
 # data-based and test-time methods (they take `data=MergeData(...)`)
@@ -31,7 +36,9 @@ _all_ = ['MERGE_METHODS', 'MergeMethod', 'MergedStateDict', 'merge_streaming', '
          'greedy_soup', 'soup_grid_search', 'affine_grid', 'task_arithmetic', 'ties_merging', 'ties', 'ties_thresholds',
          'dare_task_arithmetic', 'dare_ties', 'della', 'model_stock', 'slerp', 'wise_ft', 'ensemble',
          'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean', 'task_wise_adamerging', 'layer_wise_adamerging',
-         'concrete_task_arithmetic', 'concrete_layer_wise_adamerging', 'weight_ensembling_moe', 'neulig']
+         'concrete_task_arithmetic', 'concrete_layer_wise_adamerging', 'weight_ensembling_moe', 'neulig',
+         'tsv_merging', 'iso_c', 'iso_cts', 'cart', 'wudi_merging', 'emr_merging',
+         'tall_masks', 'TaskConditional']
 
 
 # %% auto #0
@@ -40,7 +47,8 @@ __all__ = ['method_defaults', 'methods_table', 'merge', 'MERGE_METHODS', 'MergeM
            'task_arithmetic', 'ties_merging', 'ties', 'ties_thresholds', 'dare_task_arithmetic', 'dare_ties', 'della',
            'model_stock', 'slerp', 'wise_ft', 'ensemble', 'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean',
            'task_wise_adamerging', 'layer_wise_adamerging', 'concrete_task_arithmetic',
-           'concrete_layer_wise_adamerging', 'weight_ensembling_moe', 'neulig']
+           'concrete_layer_wise_adamerging', 'weight_ensembling_moe', 'neulig', 'tsv_merging', 'iso_c', 'iso_cts',
+           'cart', 'wudi_merging', 'emr_merging', 'tall_masks', 'TaskConditional']
 
 # %% ../nbs/29_merge.ipynb #b34bb2e5
 def method_defaults(name:str, # registered method name (or alias)

@@ -266,7 +266,7 @@ class Hyper:
 
 
 # %% ../../nbs/methods/20_registry.ipynb #e7582927
-KINDS = ('training-free', 'data-based', 'test-time', 'output-space', 'selection')
+KINDS = ('training-free', 'data-based', 'test-time', 'output-space', 'selection', 'task-conditional')  # task-conditional: `.for_task(task)` per task (methods/53)
 
 @dataclass(eq=False)
 class MergeMethod:

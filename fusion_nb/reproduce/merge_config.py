@@ -49,7 +49,8 @@ OUTPUT_DEFAULTS = {'model': 'vision', 'card': True, 'push_to_hub': None, 'privat
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #00ecd442
 NOT_ONE_MODEL = {'output-space': 'it ensembles the experts\' outputs, so its result is not one model',
-                 'selection': 'it selects with a Python evaluation function, which a config cannot hold'}
+                 'selection': 'it selects with a Python evaluation function, which a config cannot hold',
+                 'task-conditional': 'it gives one model per task, chosen by the task id at inference (.for_task(task))'}
 NOT_ONE_MODEL_METHODS = {'weight_ensembling_moe': 'its result is a mixture of experts with learned routers, not one set of weights'}
 SET_BY_THE_COMMAND = {'save_to': 'the command saves what a method learns into the output folder (artefacts/)'}
 LEARNS = ('data-based', 'test-time')   # kinds that need a profile's data

@@ -74,7 +74,7 @@ AUTOCAST = ('none', 'bfloat16', 'float16')
 # budgets of the data-based and test-time methods, read by fusion_nb.methods.rows (its FUSION_SETTINGS)
 BUDGET_KEYS = {'fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_batch_size', 'adamerging_steps', 'adamerging_lr',
                'concrete_ta_steps', 'concrete_lw_steps', 'concrete_lr', 'wemoe_steps', 'wemoe_lr',
-               'neulig_steps', 'neulig_lr', 'neulig_batch_size'}
+               'neulig_steps', 'neulig_lr', 'neulig_batch_size', 'wudi_steps', 'wudi_lr'}
 # a second backbone of another architecture (paper 001, Table s6), read by fusion_nb.tiny.second_backbone
 BACKBONE_KEYS = {'second_pretrained', 'second_expert_template'}
 SCRATCH = 'scratch'  # outputs/scratch/: notebooks run outside the runner write there; no profile may take the name

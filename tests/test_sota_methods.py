@@ -1,0 +1,67 @@
+"Issue 28 (i28b): TSV-M, Iso-C/CTS, CART, WUDI, EMR-Merging and TALL masks on lazy checkpoints, against naive formulas; sota.csv."
+import pandas as pd, pytest, torch
+from safetensors.torch import save_file
+
+from fusion_nb.checkpoints import LazyStateDict
+from fusion_nb.merge import MERGE_METHODS, merge, methods_table
+from fusion_nb.methods.registry import toy_pool, flat_vector
+from fusion_nb.methods.rows import fusion_settings
+from fusion_nb.reproduce.profiles import load_profile, list_profiles
+
+NEW = ['tsv_merging', 'iso_c', 'iso_cts', 'cart', 'wudi_merging', 'emr_merging', 'tall_masks']
+
+@pytest.fixture(scope='module')
+def lazy_pool(tmp_path_factory):
+    "The toy pool written as safetensors and opened lazily, as the experiments open checkpoints."
+    d, (pre, experts) = tmp_path_factory.mktemp('pool'), toy_pool(3, seed=5)
+    def lazy(name, sd):
+        save_file({k: v.contiguous() for k, v in sd.items()}, d/f'{name}.safetensors'); return LazyStateDict(d/f'{name}.safetensors')
+    return pre, experts, lazy('pre', pre), {n: lazy(n, e) for n, e in experts.items()}
+
+def test_declared_with_kinds():
+    t = methods_table().set_index('method')
+    assert set(NEW) <= set(t.index)
+    assert (t.loc[['emr_merging', 'tall_masks'], 'kind'] == 'task-conditional').all()
+    assert (t.loc[NEW[:5], 'kind'] == 'training-free').all()
+    assert all('sota' in MERGE_METHODS[m].papers for m in NEW)
+
+def test_for_task_equals_naive_formula_on_lazy_checkpoints(lazy_pool):
+    "θₜ = θ₀ + λₜ (mₜ ⊙ τ): EMR's elected vector, masks and whole-model rescalers; TALL's sum and masks."
+    pre, experts, lpre, lexp = lazy_pool
+    taus = torch.stack([flat_vector(e) - flat_vector(pre) for e in experts.values()])
+    g = torch.sign(taus.sum(0)); uni = g * torch.where(taus * g > 0, taus.abs(), 0).max(0).values
+    emr, tall = merge('emr_merging', lpre, lexp, progress=False), merge('tall_masks', lpre, lexp, lam=0.4, progress=False)
+    flat = lambda sd: flat_vector({k: sd[k] for k in pre})   # a safetensors file lists its keys sorted: compare in θ₀'s order
+    for i, n in enumerate(experts):
+        m = (taus[i] * uni > 0).double()
+        want = flat_vector(pre) + taus[i].abs().sum() / (m * uni).abs().sum() * m * uni
+        assert torch.allclose(flat(emr.for_task(n)), want, atol=1e-5)
+        mt = (taus[i].abs() >= 0.4 * (taus.sum(0) - taus[i]).abs()).double()
+        assert torch.allclose(flat(tall.for_task(n)), flat_vector(pre) + mt * taus.sum(0), atol=1e-5)
+    assert list(emr.for_task('task_0')) == list(lpre) and set(lpre) == set(pre)
+
+def test_training_free_ones_stream_lazy_checkpoints(lazy_pool):
+    "Lazy and in-memory inputs give the same weights (each reads one tensor per model at a time)."
+    pre, experts, lpre, lexp = lazy_pool
+    for name in NEW[:5]:
+        kw = {'steps': 2} if name == 'wudi_merging' else {}
+        a, b = merge(name, lpre, lexp, progress=False, **kw), merge(name, pre, experts, progress=False, **kw)
+        assert set(a) == set(pre) and all(torch.equal(a[k], b[k]) for k in pre), name
+
+def test_wudi_budgets_come_from_the_profile():
+    assert fusion_settings()['wudi_steps'] == 300 and fusion_settings()['wudi_lr'] == 1e-5
+    tiny = fusion_settings(load_profile('tiny'))
+    assert tiny['wudi_steps'] < 300 and tiny['wudi_lr'] > 0
+
+def test_sota_values():
+    v = pd.read_csv(load_profile('tiny').root/'data'/'paper_values'/'sota.csv')
+    assert list(v.columns) == ['method', 'value', 'paper', 'table', 'lineage', 'model'] and not v.isna().any().any()
+    mine = v[v['method'].isin(NEW)]
+    assert set(mine['method']) == set(NEW) - {'tall_masks'}      # TALL masks: no ViT-B/32 eight-task average transcribed
+    assert set(v['method']) <= set(MERGE_METHODS.names()) and v['value'].between(0, 100).all()
+    assert set(v['lineage']) <= {'tall_masks', 'task_vectors', 'fusion_bench'} and set(v['model']) <= set(list_profiles())
+    assert not v.duplicated(['method', 'lineage']).any()
+    want = {('tsv_merging', 'tall_masks'): 85.9, ('iso_c', 'tall_masks'): 86.3, ('iso_cts', 'tall_masks'): 86.2,
+            ('iso_c', 'fusion_bench'): 82.8, ('iso_cts', 'fusion_bench'): 82.7, ('wudi_merging', 'task_vectors'): 85.2,
+            ('wudi_merging', 'fusion_bench'): 84.5, ('cart', 'task_vectors'): 84.7, ('emr_merging', 'task_vectors'): 88.7}
+    assert {(r.method, r.lineage): r.value for r in mine.itertuples()} == want
