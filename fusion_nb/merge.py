@@ -19,6 +19,13 @@ from .methods.della import della
 from .methods.model_stock import model_stock
 from .methods.interpolation import slerp, wise_ft
 from .methods.ensemble import ensemble, EnsembleSpec, is_ensemble
+# beyond paper 000 (issue 28): mergekit's family and the 2024 static methods
+from .methods.breadcrumbs import breadcrumbs, breadcrumbs_ties
+from .methods.linear_sparse import dare_linear, della_linear
+from .methods.sce import sce
+from .methods.spherical import nuslerp, multislerp, karcher
+from .methods.consensus import consensus_ta, consensus_ties
+from .methods.pcb import pcb_merging
 # data-based and test-time methods (they take `data=MergeData(...)`)
 from .methods.fisher import fisher_merging
 from .methods.regmean import regmean
@@ -30,7 +37,8 @@ from .neulig.neulig import neulig   # paper 001: merges and ensembles with one l
 _all_ = ['MERGE_METHODS', 'MergeMethod', 'MergedStateDict', 'merge_streaming', 'simple_average', 'weighted_average', 'uniform_soup',
          'greedy_soup', 'soup_grid_search', 'affine_grid', 'task_arithmetic', 'ties_merging', 'ties', 'ties_thresholds',
          'dare_task_arithmetic', 'dare_ties', 'della', 'model_stock', 'slerp', 'wise_ft', 'ensemble',
-         'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean', 'task_wise_adamerging', 'layer_wise_adamerging',
+         'EnsembleSpec', 'is_ensemble', 'breadcrumbs', 'breadcrumbs_ties', 'dare_linear', 'della_linear', 'sce', 'nuslerp',
+         'multislerp', 'karcher', 'consensus_ta', 'consensus_ties', 'pcb_merging', 'fisher_merging', 'regmean', 'task_wise_adamerging', 'layer_wise_adamerging',
          'concrete_task_arithmetic', 'concrete_layer_wise_adamerging', 'weight_ensembling_moe', 'neulig']
 
 
@@ -38,9 +46,11 @@ _all_ = ['MERGE_METHODS', 'MergeMethod', 'MergedStateDict', 'merge_streaming', '
 __all__ = ['method_defaults', 'methods_table', 'merge', 'MERGE_METHODS', 'MergeMethod', 'MergedStateDict', 'merge_streaming',
            'simple_average', 'weighted_average', 'uniform_soup', 'greedy_soup', 'soup_grid_search', 'affine_grid',
            'task_arithmetic', 'ties_merging', 'ties', 'ties_thresholds', 'dare_task_arithmetic', 'dare_ties', 'della',
-           'model_stock', 'slerp', 'wise_ft', 'ensemble', 'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean',
-           'task_wise_adamerging', 'layer_wise_adamerging', 'concrete_task_arithmetic',
-           'concrete_layer_wise_adamerging', 'weight_ensembling_moe', 'neulig']
+           'model_stock', 'slerp', 'wise_ft', 'ensemble', 'EnsembleSpec', 'is_ensemble', 'breadcrumbs',
+           'breadcrumbs_ties', 'dare_linear', 'della_linear', 'sce', 'nuslerp', 'multislerp', 'karcher', 'consensus_ta',
+           'consensus_ties', 'pcb_merging', 'fisher_merging', 'regmean', 'task_wise_adamerging',
+           'layer_wise_adamerging', 'concrete_task_arithmetic', 'concrete_layer_wise_adamerging',
+           'weight_ensembling_moe', 'neulig']
 
 # %% ../nbs/29_merge.ipynb #b34bb2e5
 def method_defaults(name:str, # registered method name (or alias)
