@@ -24,6 +24,13 @@ from .methods.wudi import wudi_merging
 from .methods.task_conditional import emr_merging, tall_masks, TaskConditional
 from .methods.interpolation import slerp, wise_ft
 from .methods.ensemble import ensemble, EnsembleSpec, is_ensemble
+# beyond paper 000 (issue 28): mergekit's family and the 2024 static methods
+from .methods.breadcrumbs import breadcrumbs, breadcrumbs_ties
+from .methods.linear_sparse import dare_linear, della_linear
+from .methods.sce import sce
+from .methods.spherical import nuslerp, multislerp, karcher
+from .methods.consensus import consensus_ta, consensus_ties
+from .methods.pcb import pcb_merging
 # data-based and test-time methods (they take `data=MergeData(...)`)
 from .methods.fisher import fisher_merging
 from .methods.regmean import regmean
@@ -37,8 +44,9 @@ _all_ = ['MERGE_METHODS', 'MergeMethod', 'MergedStateDict', 'merge_streaming', '
          'dare_task_arithmetic', 'dare_ties', 'della', 'model_stock', 'slerp', 'wise_ft', 'ensemble',
          'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean', 'task_wise_adamerging', 'layer_wise_adamerging',
          'concrete_task_arithmetic', 'concrete_layer_wise_adamerging', 'weight_ensembling_moe', 'neulig',
-         'tsv_merging', 'iso_c', 'iso_cts', 'cart', 'wudi_merging', 'emr_merging',
-         'tall_masks', 'TaskConditional']
+         'tsv_merging', 'iso_c', 'iso_cts', 'cart', 'wudi_merging', 'emr_merging', 'tall_masks', 'TaskConditional',
+         'breadcrumbs', 'breadcrumbs_ties', 'dare_linear', 'della_linear', 'sce', 'nuslerp', 'multislerp', 'karcher',
+         'consensus_ta', 'consensus_ties', 'pcb_merging']
 
 
 # %% auto #0
@@ -48,7 +56,9 @@ __all__ = ['method_defaults', 'methods_table', 'merge', 'MERGE_METHODS', 'MergeM
            'model_stock', 'slerp', 'wise_ft', 'ensemble', 'EnsembleSpec', 'is_ensemble', 'fisher_merging', 'regmean',
            'task_wise_adamerging', 'layer_wise_adamerging', 'concrete_task_arithmetic',
            'concrete_layer_wise_adamerging', 'weight_ensembling_moe', 'neulig', 'tsv_merging', 'iso_c', 'iso_cts',
-           'cart', 'wudi_merging', 'emr_merging', 'tall_masks', 'TaskConditional']
+           'cart', 'wudi_merging', 'emr_merging', 'tall_masks', 'TaskConditional', 'breadcrumbs', 'breadcrumbs_ties',
+           'dare_linear', 'della_linear', 'sce', 'nuslerp', 'multislerp', 'karcher', 'consensus_ta', 'consensus_ties',
+           'pcb_merging']
 
 # %% ../nbs/29_merge.ipynb #b34bb2e5
 def method_defaults(name:str, # registered method name (or alias)

@@ -99,9 +99,9 @@ PAPER_VALUE_COLUMNS = ['paper', 'table', 'model', 'method', 'task', 'metric', 'v
 
 def load_paper_values(root:str|Path|None=None, # project root (default: the one holding settings.ini)
                      )->pd.DataFrame:
-    "All transcribed paper values (`<root>/data/paper_values/*.csv`), or an empty frame if there are none."
+    "All transcribed paper values (`<root>/data/paper_values/paper*.csv`), or an empty frame if there are none."
     folder = Path(root or project_root())/'data'/'paper_values'
-    files = sorted(folder.glob('*.csv')) if folder.exists() else []
+    files = sorted(folder.glob('paper*.csv')) if folder.exists() else []   # sota.csv has its own schema (fusion_nb.methods.sota)
     if not files: return pd.DataFrame(columns=PAPER_VALUE_COLUMNS)
     return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
 
