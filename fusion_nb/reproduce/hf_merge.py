@@ -26,7 +26,8 @@ import fusion_nb
 # %% auto #0
 __all__ = ['MERGEKIT_METHODS', 'GTA', 'MERGEKIT_LACKS', 'MERGEKIT_KEYS', 'HF_OUTPUT_DEFAULTS', 'layer_positions', 'setting_value',
            'sparsify', 'gta_rule', 'AlignedModel', 'align_models', 'write_merged', 'HFMergePlan',
-           'load_mergekit_config', 'copy_model_files', 'open_models', 'check_values', 'run_hf_merge', 'hf_model_card']
+           'load_mergekit_config', 'hf_dtype', 'hf_device', 'hf_output', 'copy_model_files', 'open_models',
+           'check_values', 'run_hf_merge', 'hf_model_card']
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #734615cf
 MERGEKIT_METHODS = {'linear': 'weighted_average', 'task_arithmetic': 'task_arithmetic', 'slerp': 'slerp',
@@ -325,19 +326,19 @@ def load_mergekit_config(raw:Mapping, # a mergekit config, parsed
     values = _checked_values(name, glob, params, seed, w)
     make_rule = gta_rule if name in GTA and name != 'task_arithmetic' else None
     if name == 'slerp': sources = {Path(base).name if Path(base).exists() else base: base, **sources}
-    plan = HFMergePlan(m, None if name in ('linear', 'slerp') else base, sources, values, make_rule, _dtype(raw, w),
-                       ts, _device(raw, w), _hf_output(raw, w), raw, name)
+    plan = HFMergePlan(m, None if name in ('linear', 'slerp') else base, sources, values, make_rule, hf_dtype(raw, w),
+                       ts, hf_device(raw, w), hf_output(raw, w), raw, name)
     return plan
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #f31409cb
-def _dtype(raw, w)->str|None:
+def hf_dtype(raw, w)->str|None:
     d = raw.get('out_dtype') or raw.get('dtype')
     if d is None: return None
     try: get_dtype(d)
     except FusionError as e: raise FusionError(f"{w}{'out_dtype' if raw.get('out_dtype') else 'dtype'}: {e}") from None
     return str(d)
 
-def _device(raw, w)->str:
+def hf_device(raw, w)->str:
     d = str(raw.get('device') or 'cpu')
     try: get_device(d)
     except FusionError as e: raise FusionError(f"{w}device: {e}") from None
@@ -345,7 +346,7 @@ def _device(raw, w)->str:
 
 HF_OUTPUT_DEFAULTS = {'card': True, 'push_to_hub': None, 'private': False, 'max_shard_size': '5GB'}
 
-def _hf_output(raw, w)->dict:
+def hf_output(raw, w)->dict:
     from fusion_nb.reproduce.merge_config import _check_keys
     from fusion_nb.reproduce.export import check_repo_id
     out = dict(raw.get('output') or {})
