@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/export.html.md"""
 
 # %% ../../nbs/reproduce/93_export.ipynb #1f4b2bda
 from __future__ import annotations
-import json, shutil
+import json, os, shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,7 +24,7 @@ import fusion_nb
 
 # %% auto #0
 __all__ = ['EXPORT_KINDS', 'PIPELINE_TAGS', 'CLASS_NOTES', 'merged_weights', 'card_data', 'card_page', 'model_card',
-           'check_export_dir', 'export_model', 'check_repo_id', 'check_push', 'push_to_hub']
+           'check_export_dir', 'honour_umask', 'export_model', 'check_repo_id', 'check_push', 'push_to_hub']
 
 # %% ../../nbs/reproduce/93_export.ipynb #33a6b446
 EXPORT_KINDS = {'vision': 'CLIPVisionModel', 'clip': 'CLIPModel'}  # kind → the transformers class of the folder
@@ -168,6 +168,13 @@ def _run_inputs(inputs, # None, a dict, or a run's inputs.json
     if not Path(inputs).is_file(): raise FusionError(f"inputs {str(inputs)!r} is not a file: give the run's inputs.json or a dict")
     return json.loads(Path(inputs).read_text())
 
+def honour_umask(folder:Path)->None:
+    "Give every file under `folder` the mode a plain `open` gives under the umask (safetensors and transformers write 0600)."
+    from fusion_nb.core import current_umask
+    mode = 0o666 & ~current_umask()
+    for f in folder.rglob('*'):
+        if f.is_file(): os.chmod(f, mode)
+
 def _write_model(weights:Mapping, tmp:Path, src_dir:Path, kind:str, dtype, extra_files:Mapping|None)->None:
     "The model, its preprocessing and the extra files, into the new, empty folder `tmp`."
     if kind == 'vision': save_vision_model(_cast(weights, dtype), tmp, src_dir)
@@ -175,6 +182,7 @@ def _write_model(weights:Mapping, tmp:Path, src_dir:Path, kind:str, dtype, extra
     _write_processor(tmp, src_dir, kind)
     for name, f in (extra_files or {}).items():
         (tmp/name).parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(f, tmp/name)
+    honour_umask(tmp)
 
 # %% ../../nbs/reproduce/93_export.ipynb #21684c83
 def export_model(result, # what a merge returned (see `merged_weights`)

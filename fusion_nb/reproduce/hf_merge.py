@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from ..core import (FusionError, HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_dir,
                             atomic_write_text, get_device, get_dtype)
 from ..checkpoints import LazyStateDict, resolve_model_dir
+from .export import honour_umask
 from ..methods.registry import MergeMethod, all_finite, merge_streaming, tensor_generator
 from ..merge import MERGE_METHODS
 import fusion_nb
@@ -198,6 +199,7 @@ def write_merged(pretrained:Mapping|None, # θ₀ (aligned), or None
             shard = merge_streaming(pretrained, experts, merge_tensor, keys=keys, check=False, progress=False,
                                     out=_Shard(dtypes, bar), device=device)
             save_file(dict(shard), out_dir/fname, metadata={'format': 'pt'}); del shard
+    honour_umask(out_dir)   # safetensors writes 0600
     index = {'metadata': plan.metadata, 'weight_map': plan.tensor_to_filename}
     if plan.is_sharded: atomic_write_text(out_dir/'model.safetensors.index.json', json.dumps(index, indent=2, sort_keys=True))
     return index
@@ -228,7 +230,7 @@ def _rule_per_tensor(m:MergeMethod, values:Callable, pretrained, experts, runtim
     def merge_tensor(key, pre, ts):
         hp = values(key, t.get(key, 0.0))
         sig = json.dumps(hp, sort_keys=True, default=str)
-        if sig not in rules: rules[sig] = make_rule(pretrained, experts, hp, info, runtime)
+        if sig not in rules: rules[sig] = make_rule(pretrained, experts, hp if make_rule is not m.rule else m.resolve(hp), info, runtime)
         return rules[sig](key, pre, ts)
     return merge_tensor
 
