@@ -265,7 +265,10 @@ def load_merge_config(config, # a YAML file, or the same as a dict
     base = model_source(raw['base_model'], f"{w}base_model") if raw.get('base_model') is not None else None
     if base is None and (m.needs_pretrained or m.kind in LEARNS):
         raise FusionError(f"{w}base_model: {m.name} needs the base model θ₀ (it works on task vectors θᵢ − θ₀ or the base CLIP's heads)")
-    if _model_type(base or next(iter(models.values()))) not in CLIP_TYPES: return _hf_plan(raw, m, base, models, own, w)
+    where, first = ('base_model', base) if base else ('models[0].model', next(iter(models.values())))
+    try: kind = _model_type(first)
+    except FusionError as e: raise type(e)(f"{w}{where}: {e}") from None
+    if kind not in CLIP_TYPES: return _hf_plan(raw, m, base, models, own, w)   # any other model: hf_merge, the whole model
     out = _output(raw, w)
     _check_base(base, m, out, w)
     if profile is not None: _check_tasks(models, m, profile, w)
