@@ -76,7 +76,7 @@ def timed(cmd: list, env: dict) -> tuple[float, float, int]:
     return dt, kb / 2**20, rc
 
 def max_diff(a: Path, b: Path) -> float:
-    "The largest |a − b| over every tensor of two merged folders (float32); inf if their tensors differ in names or shapes."
+    "(largest |a − b| over every tensor of two merged folders (float32), the tensor where it is, the fraction of entries that differ)."
     from safetensors import safe_open
     def index(d):
         out = {}
@@ -84,14 +84,15 @@ def max_diff(a: Path, b: Path) -> float:
             with safe_open(f, 'pt') as h: out.update({k: f for k in h.keys()})
         return out
     ia, ib = index(a), index(b)
-    if set(ia) != set(ib): print(f"  tensors differ: {sorted(set(ia) ^ set(ib))[:5]}", file=sys.stderr); return float('inf')
-    m = 0.0
+    if set(ia) != set(ib): print(f"  tensors differ: {sorted(set(ia) ^ set(ib))[:5]}", file=sys.stderr); return float('inf'), None, 1.0
+    m, where, n, differ = 0.0, None, 0, 0
     for k in ia:
         with safe_open(ia[k], 'pt') as h: x = h.get_tensor(k).float()
         with safe_open(ib[k], 'pt') as h: y = h.get_tensor(k).float()
-        if x.shape != y.shape: return float('inf')
-        m = max(m, float((x - y).abs().max()))
-    return m
+        if x.shape != y.shape: return float('inf'), k, 1.0
+        d = (x - y).abs(); n += d.numel(); differ += int((d > 0).sum())
+        if float(d.max()) > m: m, where = float(d.max()), k
+    return m, where, differ / max(n, 1)
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -123,8 +124,9 @@ def main(argv=None):
                 row.update({f'{tool} s': round(t, 1), f'{tool} peak RSS GiB': round(rss, 2), f'{tool} rc': rc})
                 print(f"{name:>16} {tool:>9}: {t:7.1f} s, peak RSS {rss:5.2f} GiB, rc {rc}", flush=True)
             if mk is not None and row.get('fusion_nb rc') == 0 and row.get('mergekit rc') == 0:
-                row['max |Δ|'] = max_diff(d/f'out_fnb_{name}', d/f'out_mk_{name}')
-                print(f"{name:>16} max |fusion_nb − mergekit| = {row['max |Δ|']:.3g}", flush=True)
+                row['max |Δ|'], where, frac = max_diff(d/f'out_fnb_{name}', d/f'out_mk_{name}')
+                row['entries that differ'] = f"{100 * frac:.3g}%"
+                print(f"{name:>16} max |fusion_nb − mergekit| = {row['max |Δ|']:.3g} (in {where}); {100 * frac:.3g}% of entries differ", flush=True)
             for tool in ('fnb', 'mk'): shutil.rmtree(d/f'out_{tool}_{name}', ignore_errors=True)
             rows.append(row)
         import pandas as pd
