@@ -233,6 +233,8 @@ def test_vocab_mismatch_refused_unless_tokenizer_source_base(tmp_path):
     with pytest.raises(IncompatibleModelsError, match=r"'model.embed_tokens.weight' has 72 rows, the base's 'model.embed_tokens.weight' has 64"):
         run_merge(cfg, tmp_path/'out', progress=False)
     _nothing_written(tmp_path/'out')
+    with pytest.raises(FusionError, match=r"tokenizer_source: .* has a vocabulary of 72 tokens, the merged model's embeddings 64 rows"):
+        run_merge({**cfg, 'tokenizer_source': str(e)}, tmp_path/'out', progress=False)
     sd = AutoModelForCausalLM.from_pretrained(run_merge({**cfg, 'tokenizer_source': 'base'}, tmp_path/'out', progress=False)).state_dict()
     _close(sd['model.embed_tokens.weight'], E['model.embed_tokens.weight'][:V])   # θ₀ + (θ₁[:64] − θ₀)
     _close(sd['lm_head.weight'], E['lm_head.weight'][:V])

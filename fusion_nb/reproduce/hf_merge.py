@@ -128,7 +128,7 @@ _EMBED_TAILS = ('embed_tokens.weight', 'wte.weight', 'word_embeddings.weight', '
 class AlignedModel(Mapping):
     "A lazy model seen with the base's keys and shapes: tied embeddings supplied, rows cut or filled from the base (`tokenizer_source: base`)."
     def __init__(self, sd:LazyStateDict, base:LazyStateDict, keys:Sequence[str], rows:bool):
-        self.sd, self.base, self.keys_, self.rows, self.name = sd, base, list(keys), rows, sd.name
+        self.sd, self.base, self.keys_, self.rows, self.name, self._set = sd, base, list(keys), rows, sd.name, set(keys)
     def _src(self, key):
         if key in self.sd: return key
         tied = [k for k in self.sd if k.endswith(_EMBED_TAILS)]
@@ -142,7 +142,7 @@ class AlignedModel(Mapping):
         n = min(t.shape[0], shape[0]); b[:n] = t[:n].to(b.dtype); return b
     def __iter__(self): return iter(self.keys_)
     def __len__(self): return len(self.keys_)
-    def __contains__(self, key): return key in set(self.keys_)
+    def __contains__(self, key): return key in self._set
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #8301e5ae
 def align_models(base:LazyStateDict, # the model whose keys and shapes the output has
@@ -322,7 +322,13 @@ def load_mergekit_config(raw:Mapping, # a mergekit config, parsed
     if name == 'model_stock' and len(sources) < 2: raise FusionError(f"{w}model_stock needs the base and at least two other models")
     ts = raw.get('tokenizer_source')
     if ts == 'union': raise FusionError(f"{w}tokenizer_source: 'union' (a merged vocabulary) is not supported here; use 'base'")
-    if ts not in (None, 'base'): ts = model_source(ts, f"{w}tokenizer_source")
+    if ts not in (None, 'base'):
+        ts = model_source(ts, f"{w}tokenizer_source")
+        vocab = lambda src: (lambda c: c.get('vocab_size') or (c.get('text_config') or {}).get('vocab_size'))(
+            json.loads((resolve_model_dir(src)/'config.json').read_text()))
+        ref_src = base or next(iter(sources.values()))
+        if vocab(ts) != vocab(ref_src): raise FusionError(f"{w}tokenizer_source: {ts!r} has a vocabulary of {vocab(ts)} tokens, the "
+                                                          f"merged model's embeddings {vocab(ref_src)} rows: only 'base' (or a model with the same vocabulary) is supported")
     seed = raw.get('seed', 0)
     if not isinstance(seed, int) or isinstance(seed, bool): raise FusionError(f"{w}seed: expected a whole number, got {seed!r}")
     values = _checked_values(name, glob, params, seed, w)
