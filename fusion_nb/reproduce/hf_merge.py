@@ -1,5 +1,4 @@
-"""`fusion-nb merge` for causal LMs, LLaVA, CLIP and encoders: mergekit's YAML configs as they are, tensor by tensor from
-(sharded) safetensors into sharded safetensors with an index, the base's config and tokenizer copied.
+"""`fusion-nb merge` for causal LMs, LLaVA, CLIP and encoders: mergekit's YAML configs as they are, tensor by tensor from (sharded) safetensors into sharded safetensors with an index, the base's config and tokenizer copied.
 
 Docs: https://fusion-nb.github.io/fusion_nb/reproduce/hf_merge.html.md"""
 
