@@ -76,6 +76,23 @@ def test_dtype_is_honoured(micro, tmp_path):
         for k in f.keys(): assert torch.equal(f.get_tensor(k), micro['merged'][k].half()), k
     assert json.loads((out/'config.json').read_text())['dtype'] == 'float16'
 
+@pytest.mark.parametrize('kind', ['vision', 'clip'])
+def test_float16_overflow_is_refused_after_the_cast(micro, tmp_path, kind):
+    "Issue 26.4: weights finite in float32 but beyond float16's range (65504) were saved as inf at rc 0; now named, nothing written."
+    from fusion_nb.core import NonFiniteError
+    big = {k: (v * 1e6 if k.endswith('fc1.weight') else v) for k, v in micro['merged'].items()}
+    with pytest.raises(NonFiniteError, match=r"dtype float16: tensor '.*fc1.weight' holds \d+ NaN/Inf value\(s\) in torch.float16"):
+        export_model(big, tmp_path/'half', base_model=micro['base'], experts=micro['experts'], dtype='float16', method='ties_merging', kind=kind)
+    assert not (tmp_path/'half').exists()
+
+def test_saved_files_honour_the_umask(micro, tmp_path):
+    "Issue 26.14: model.safetensors was 0600 whatever the umask."
+    import os
+    old = os.umask(0o022)
+    try: out = export_model(micro['merged'], tmp_path/'m', base_model=micro['base'], experts=micro['experts'])
+    finally: os.umask(old)
+    assert {oct(f.stat().st_mode & 0o777) for f in out.iterdir()} == {oct(0o644)}
+
 # ---------------------------------------------------------------- the card and inputs.json
 
 def test_card_carries_the_metadata_and_renders(micro, tmp_path):

@@ -161,12 +161,21 @@ BAD = [  # (change to the good config, error type, message)
      "base_model: model 'fusion-nb-tests/no-such-model' is not in the local Hugging Face cache and the hub is offline"),
     ({'output': {'push_to_hub': 'someone/two words'}}, FusionError, "bad.yaml: output.push_to_hub: 'someone/two words' is not a hub repository id"),
     ({'output': {'push_to_hub': 'someone/ties'}}, FusionError, 'the Hugging Face Hub is not reachable (HF_HUB_OFFLINE is set)'),
+    # issue 26.13: NeuLig trained Portland, then failed at export; now refused when the config is read
+    ({'method': 'neulig', 'profile': 'micro'}, FusionError, 'bad.yaml: method: neulig cannot be merged into one model'),
+    # issue 26.8: 1e39 is finite in Python but overflows float32 in the merge (a raw RuntimeError)
+    ({'method': 'task_arithmetic', 'parameters': {'scaling_factor': 1e39}}, HyperparameterError,
+     'bad.yaml: parameters: scaling_factor=1e+39 is out of range: merges compute in float32'),
+    # mergekit's schema: a method this project lacks, and slices, are named
+    ({'method': None, 'merge_method': 'passthrough'}, FusionError, "bad.yaml: merge_method: 'passthrough' is mergekit's, and this project lacks it"),
+    ({'method': None, 'merge_method': 'ties', 'slices': [{'sources': [{'model': 'MNIST', 'layer_range': [0, 2]}]}]}, FusionError,
+     "bad.yaml: slices/modules: this project merges whole models tensor by tensor"),
 ]
 
 @pytest.mark.parametrize('change,error,message', BAD, ids=[m[:40] for _, _, m in BAD])
 def test_bad_config_is_named_and_nothing_is_written(micro, wide_model, tmp_path, at_root, monkeypatch, change, error, message):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-    cfg = {**good(micro), **change}
+    cfg = {k: v for k, v in {**good(micro), **change}.items() if v is not None}
     subst = {'MNIST': str(micro['mnist']), 'WIDE': str(wide_model)}
     cfg['models'] = [{**e, 'model': subst.get(e['model'], e['model'])} for e in cfg['models']]
     message = message.replace('WIDE', str(wide_model))

@@ -13,9 +13,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 import torch
-from huggingface_hub import save_torch_state_dict
 
-from ..core import HyperparameterError, atomic_dir, atomic_write_text
+from ..core import FusionError, HyperparameterError, atomic_dir, atomic_write_text
+from ..checkpoints import LazyStateDict
+from ..methods.registry import check_models, check_pool
+from ..reproduce.hf_merge import write_merged
 from ..merge import MERGE_METHODS, merge
 from .model import check_same_llava, llava_dir, llava_state_dict, load_llava
 from .uncertainty import (ATTENTION_DROPOUT, DEFAULT_J, PERTURBATIONS, OptionItem, check_perturbations,
@@ -97,20 +99,49 @@ def merge_llava(method:str, # a registered merge method, e.g. 'linear', 'ties_me
     if diff:
         warnings.warn(f"vision towers differ from {ref_name!r}'s in {', '.join(f'{n!r} ({len(k)} tensors)' for n, k in diff.items())}; "
                       f"paper 004 assumes a frozen, shared tower: {ref_name!r}'s is kept, the others' are ignored")
-    if _takes(method, 'progress'): hparams.setdefault('progress', False)
-    merged = merge(method, None if pretrained is None else llava_state_dict(pretrained),
-                   {n: llava_state_dict(s) for n, s in models.items()}, **hparams)
-    tensors = dict(llava_state_dict(ref, ['vision'])) | dict(merged)
-    ref_dir = llava_dir(ref)
+    m, ref_dir = MERGE_METHODS[method], llava_dir(ref)
+    names = _check_llava_out(out_dir, ref_dir)
+    whole = {n: LazyStateDict(llava_dir(s), name=n) for n, s in pool.items()}   # every tensor, read one at a time
+    rule = _llava_rule(m, pretrained, models, hparams, ref_name, whole[ref_name])
     with atomic_dir(out_dir) as tmp:
-        for f in ref_dir.iterdir():
-            if f.is_file() and not any(f.match(g) for g in _WEIGHT_FILES): shutil.copy(f, tmp/f.name)
-        save_torch_state_dict(tensors, tmp, max_shard_size=shard_size)  # one file for a tiny model, shards + index for 7B
+        for f in names: shutil.copy(ref_dir/f, tmp/f)
+        pre = whole.pop('pretrained') if pretrained is not None else None
+        write_merged(pre, whole, rule, whole.get(ref_name, pre), tmp, max_shard_size=shard_size, progress=False)  # shards as they fill
         info = dict(method=method, models={n: str(s) for n, s in models.items()}, pretrained=None if pretrained is None else str(pretrained),
                     hparams={k: v for k, v in hparams.items() if isinstance(v, (int, float, str, bool, type(None)))},
                     vision_tower_from=ref_name, vision_towers_differ=sorted(diff))
         atomic_write_text(tmp/'fusion_nb_merge.json', json.dumps(info, indent=2))
     return Path(out_dir)
+
+def _check_llava_out(out_dir, ref_dir:Path)->list[str]:
+    "The reference's non-weight files to copy; `FusionError` if `out_dir` holds files merge_llava does not write (never deleted)."
+    names = [f.name for f in ref_dir.iterdir() if f.is_file() and not any(f.match(g) for g in _WEIGHT_FILES)]
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir(): raise FusionError(f"merge_llava: {str(out)!r} is a file, not a folder")
+    ours = lambda p: p.is_file() and (p.name in names or p.name == 'fusion_nb_merge.json' or p.match('model*.safetensors') or p.name == 'model.safetensors.index.json')
+    foreign = sorted(p.name for p in out.iterdir() if not ours(p)) if out.is_dir() else []
+    if foreign: raise FusionError(f"merge_llava: {str(out)!r} holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}, which "
+                                  "merge_llava did not write and replacing the folder would delete: choose a new or empty folder")
+    return names
+
+def _llava_rule(m, pretrained, models, hparams, ref_name, ref)->Callable:
+    "merge_tensor for every tensor: `m`'s rule on the adapter and language model (over those parts only), the reference's vision tower."
+    parts = {n: llava_state_dict(s) for n, s in models.items()}
+    pre = None if pretrained is None else llava_state_dict(pretrained)
+    merged_keys = set(next(iter(parts.values())))
+    if m.rule is None:   # a method without a per-tensor rule: merged in memory, then written like the rest
+        done = merge(m.name, pre, parts, **({'progress': False} if _takes(m.name, 'progress') else {}), **hparams)
+        return lambda key, p, ts: done[key] if key in merged_keys else (p if ref_name == 'pretrained' else ts[ref_name])
+    check_pool(parts, m.name, m.min_experts, m.max_experts)
+    if m.needs_pretrained and pre is None: raise HyperparameterError(f"{m.name} needs the pretrained LLaVA (pretrained=)")
+    check_models(pre, parts)
+    hp = m.resolve({k: v for k, v in hparams.items() if k not in ('progress', 'check', 'device')})
+    rule = m.rule(pre, parts, hp, {}, dict(progress=False, check=True, device=None))
+    def merge_tensor(key, p, ts):
+        if key in merged_keys: return rule(key, p, {n: ts[n] for n in models})
+        return p if ref_name == 'pretrained' else ts[ref_name]   # the vision tower: the reference's, as it is
+    return merge_tensor
+
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #d6ebf404
 @dataclass

@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/export.html.md"""
 
 # %% ../../nbs/reproduce/93_export.ipynb #1f4b2bda
 from __future__ import annotations
-import json, shutil
+import json, os, shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -14,17 +14,18 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from ..core import FusionError, atomic_dir, atomic_write_text, get_dtype
+from ..core import FusionError, NonFiniteError, atomic_dir, atomic_write_text, get_dtype
 from ..checkpoints import (check_vision_state_dict, hub_offline, is_local_source, resolve_model_dir, save_vision_model,
                            vision_config)
-from ..methods.registry import MERGE_METHODS, MergeMethod
+from ..methods.registry import MERGE_METHODS, MergeMethod, all_finite
 from ..methods.ensemble import is_ensemble
 from .profiles import hub_reachable
 import fusion_nb
 
 # %% auto #0
 __all__ = ['EXPORT_KINDS', 'PIPELINE_TAGS', 'CLASS_NOTES', 'merged_weights', 'card_data', 'card_page', 'model_card',
-           'check_export_dir', 'export_model', 'check_repo_id', 'check_push', 'push_to_hub']
+           'check_finite_after_cast', 'check_export_dir', 'honour_umask', 'export_model', 'check_repo_id', 'check_push',
+           'push_to_hub']
 
 # %% ../../nbs/reproduce/93_export.ipynb #33a6b446
 EXPORT_KINDS = {'vision': 'CLIPVisionModel', 'clip': 'CLIPModel'}  # kind → the transformers class of the folder
@@ -116,11 +117,21 @@ def model_card(method:str, # the declared merge method (name or alias)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + card_page(m, hp, base_model, experts, kind, results, config, repo_id, title))
 
 # %% ../../nbs/reproduce/93_export.ipynb #31b86448
+def check_finite_after_cast(weights:Mapping, # key → tensor, already in the dtype to be saved
+                            what:str='the export', # named in the message
+                           )->Mapping:
+    "`weights`, if every floating tensor is finite in its (saved) dtype; else `NonFiniteError` naming the first tensor and its dtype."
+    for k, v in weights.items():
+        if v.is_floating_point() and not all_finite(v):
+            raise NonFiniteError(f"{what}: tensor {k!r} holds {int((~torch.isfinite(v)).sum())} NaN/Inf value(s) in {v.dtype} "
+                                 "(it overflows that dtype, or the merge made them): export in float32 or bfloat16, or merge with smaller weights")
+    return weights
+
 def _cast(weights:Mapping, dtype)->Mapping:
-    "`weights` with floating tensors in `dtype` (None: as they are)."
+    "`weights` with floating tensors in `dtype` (None: as they are), checked finite after the cast."
     if dtype is None: return weights
     dt = get_dtype(dtype)
-    return {k: v.to(dt) if v.is_floating_point() else v for k, v in weights.items()}
+    return check_finite_after_cast({k: v.to(dt) if v.is_floating_point() else v for k, v in weights.items()}, f'dtype {dtype}')
 
 def _write_clip(weights:Mapping, tmp:Path, base_dir:Path, dtype)->None:
     "The base CLIPModel with its vision tower's weights replaced by `weights`, saved in `tmp`."
@@ -132,6 +143,7 @@ def _write_clip(weights:Mapping, tmp:Path, base_dir:Path, dtype)->None:
     check_vision_state_dict(weights, clip.config.vision_config, 'merged model')
     with torch.no_grad():
         for k, t in clip.vision_model.state_dict().items(): t.copy_(weights[k])
+    check_finite_after_cast(clip.vision_model.state_dict(), f'dtype {dtype}')
     clip.save_pretrained(tmp)
 
 def _write_processor(tmp:Path, base_dir:Path, kind:str)->None:
@@ -168,6 +180,13 @@ def _run_inputs(inputs, # None, a dict, or a run's inputs.json
     if not Path(inputs).is_file(): raise FusionError(f"inputs {str(inputs)!r} is not a file: give the run's inputs.json or a dict")
     return json.loads(Path(inputs).read_text())
 
+def honour_umask(folder:Path)->None:
+    "Give every file under `folder` the mode a plain `open` gives under the umask (safetensors and transformers write 0600)."
+    from fusion_nb.core import current_umask
+    mode = 0o666 & ~current_umask()
+    for f in folder.rglob('*'):
+        if f.is_file(): os.chmod(f, mode)
+
 def _write_model(weights:Mapping, tmp:Path, src_dir:Path, kind:str, dtype, extra_files:Mapping|None)->None:
     "The model, its preprocessing and the extra files, into the new, empty folder `tmp`."
     if kind == 'vision': save_vision_model(_cast(weights, dtype), tmp, src_dir)
@@ -175,6 +194,7 @@ def _write_model(weights:Mapping, tmp:Path, src_dir:Path, kind:str, dtype, extra
     _write_processor(tmp, src_dir, kind)
     for name, f in (extra_files or {}).items():
         (tmp/name).parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(f, tmp/name)
+    honour_umask(tmp)
 
 # %% ../../nbs/reproduce/93_export.ipynb #21684c83
 def export_model(result, # what a merge returned (see `merged_weights`)

@@ -11,19 +11,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
+import torch, yaml
 
 from ..core import FusionError, HyperparameterError, IncompatibleModelsError, file_hashes, get_device, get_dtype
 from ..checkpoints import is_local_source, resolve_model_dir, vision_config, vision_state_dict
 from ..merge import MERGE_METHODS, MergeMethod
 from ..methods.registry import check_models
+from .hf_merge import HFMergePlan, load_mergekit_config, run_hf_merge, hf_dtype, hf_device, hf_output
 from .export import EXPORT_KINDS, check_export_dir, check_push, check_repo_id, export_model, push_to_hub
 import fusion_nb
 
 # %% auto #0
 __all__ = ['CONFIG_KEYS', 'MODEL_KEYS', 'OUTPUT_KEYS', 'OUTPUT_DEFAULTS', 'NOT_ONE_MODEL', 'NOT_ONE_MODEL_METHODS',
-           'SET_BY_THE_COMMAND', 'LEARNS', 'ARCHITECTURE', 'model_source', 'check_architectures',
-           'merge_hyperparameters', 'MergeConfig', 'load_merge_config', 'merge_inputs', 'merge_data', 'run_merge']
+           'SET_BY_THE_COMMAND', 'LEARNS', 'ARCHITECTURE', 'CLIP_TYPES', 'model_source', 'check_architectures',
+           'merge_hyperparameters', 'check_float32', 'MergeConfig', 'load_merge_config', 'merge_inputs', 'merge_data',
+           'hf_inputs', 'run_merge']
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #e9858c4f
 CONFIG_KEYS = {
@@ -34,7 +36,9 @@ CONFIG_KEYS = {
     'dtype': "dtype of the saved weights: float32, float16, bfloat16 (default: the merged weights')",
     'device': "where merging computes: cpu, cuda, auto (default: cpu, or the profile's device)",
     'profile': 'a profile of settings.ini: the datasets data-based and test-time methods learn from, and their budgets',
-    'output': 'what to write: {model: vision | clip, card: true | false, push_to_hub: owner/name, private: false}'}
+    'output': 'what to write: {model: vision | clip, card: true | false, push_to_hub: owner/name, private: false} '
+              '(models other than CLIP: {card, push_to_hub, private, max_shard_size})',
+    'tokenizer_source': "models other than CLIP: 'base' takes the base's tokenizer and embedding rows where vocabularies differ"}
 MODEL_KEYS = {
     'model': 'the expert: a CLIPVisionModel (or CLIPModel) folder or hub id',
     'name': "its name in the card and the results; data-based methods read it as the task whose data they draw "
@@ -51,7 +55,8 @@ OUTPUT_DEFAULTS = {'model': 'vision', 'card': True, 'push_to_hub': None, 'privat
 NOT_ONE_MODEL = {'output-space': 'it ensembles the experts\' outputs, so its result is not one model',
                  'selection': 'it selects with a Python evaluation function, which a config cannot hold',
                  'task-conditional': 'it gives one model per task, chosen by the task id at inference (.for_task(task))'}
-NOT_ONE_MODEL_METHODS = {'weight_ensembling_moe': 'its result is a mixture of experts with learned routers, not one set of weights'}
+NOT_ONE_MODEL_METHODS = {'weight_ensembling_moe': 'its result is a mixture of experts with learned routers, not one set of weights',
+                         'neulig': 'its result weighs the experts per sample with a learned router (Portland), not one set of weights'}
 SET_BY_THE_COMMAND = {'save_to': 'the command saves what a method learns into the output folder (artefacts/)'}
 LEARNS = ('data-based', 'test-time')   # kinds that need a profile's data
 
@@ -128,8 +133,21 @@ def merge_hyperparameters(m:MergeMethod, # the declared method
             raise FusionError(f"{where}models ({', '.join(missing)}) give no {k!r} and there is no common value: "
                               f"give {k} to every model, or one value under parameters")
         hp[k] = {n: own.get(k, common) for n, own in per_model.items()}
-    try: return m.resolve(hp)
+    try: hp = m.resolve(hp)
     except HyperparameterError as e: raise HyperparameterError(f"{where}{e}") from None
+    check_float32(hp, where)
+    return hp
+
+def check_float32(hp:Mapping, # resolved hyperparameters
+                  where:str='', # the config's name, for messages
+                 )->None:
+    "`HyperparameterError` naming the first number (or per-expert value) that float32 arithmetic cannot hold (it would overflow to inf)."
+    big = torch.finfo(torch.float32).max
+    for k, v in hp.items():
+        for i, x in (v.items() if isinstance(v, Mapping) else enumerate(v) if isinstance(v, (list, tuple)) else [(None, v)]):
+            if isinstance(x, float) and not abs(x) <= big:
+                raise HyperparameterError(f"{where}parameters: {k}{'' if i is None else f'[{i!r}]'}={x!r} is out of range: merges "
+                                          f"compute in float32, whose largest number is {big:.3g}")
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #6f624ccc
 @dataclass
@@ -240,6 +258,7 @@ def load_merge_config(config, # a YAML file, or the same as a dict
                      )->MergeConfig:
     "Read and check a merge config: every key, the method, the models and their architectures, the parameters, data and output."
     raw, w = _read_yaml(config)
+    if 'merge_method' in raw: return load_mergekit_config(raw, w)   # mergekit's schema, read as mergekit reads it
     _check_keys(raw, CONFIG_KEYS, w)
     m = _method(raw, w)
     profile = _profile(raw, m, w)
@@ -247,6 +266,10 @@ def load_merge_config(config, # a YAML file, or the same as a dict
     base = model_source(raw['base_model'], f"{w}base_model") if raw.get('base_model') is not None else None
     if base is None and (m.needs_pretrained or m.kind in LEARNS):
         raise FusionError(f"{w}base_model: {m.name} needs the base model θ₀ (it works on task vectors θᵢ − θ₀ or the base CLIP's heads)")
+    where, first = ('base_model', base) if base else ('models[0].model', next(iter(models.values())))
+    try: kind = _model_type(first)
+    except FusionError as e: raise type(e)(f"{w}{where}: {e}") from None
+    if kind not in CLIP_TYPES: return _hf_plan(raw, m, base, models, own, w)   # any other model: hf_merge, the whole model
     out = _output(raw, w)
     _check_base(base, m, out, w)
     if profile is not None: _check_tasks(models, m, profile, w)
@@ -261,6 +284,16 @@ def load_merge_config(config, # a YAML file, or the same as a dict
     except FusionError as e: raise FusionError(f"{w}device: {e}") from None
     return MergeConfig(m, base, models, hp, None if dtype is None else str(dtype), device,
                        None if profile is None else profile.name, out, raw)
+
+CLIP_TYPES = ('clip', 'clip_vision_model')   # this schema's CLIP path: the vision tower, kind vision | clip
+
+def _hf_plan(raw:dict, m:MergeMethod, base, models:dict, own:dict, w:str)->HFMergePlan:
+    "This project's schema for any other model: the whole model merged tensor by tensor by `m`'s rule (`hf_merge`)."
+    if m.rule is None: raise FusionError(f"{w}method: {m.name} is {m.kind}: it learns on CLIP tasks; other models "
+                                         f"({_model_type(base or next(iter(models.values())))}) merge with training-free methods only")
+    hp = merge_hyperparameters(m, _mapping(raw.get('parameters'), f"{w}parameters"), own, None, w)
+    return HFMergePlan(m, base, models, lambda key, t: hp, None, hf_dtype(raw, w), raw.get('tokenizer_source'),
+                       hf_device(raw, w), hf_output(raw, w), raw)
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #92226bf5
 def merge_inputs(cfg:MergeConfig)->dict:
@@ -290,18 +323,41 @@ def merge_data(cfg:MergeConfig, progress:bool=True, log=print):
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #9332ca4d
 def _plain(v)->bool: return v is None or isinstance(v, (bool, int, float, str)) or (isinstance(v, (list, dict)) and len(str(v)) < 2000)
 
+def hf_inputs(plan:HFMergePlan)->dict:
+    "What a Hugging Face merge depends on: the config, each model's files (names, sizes, safetensors headers: not the weights' bytes), the code."
+    from fusion_nb.reproduce.runner import _sha, package_hash
+    def fingerprint(src):
+        d = resolve_model_dir(src)
+        def head(f): 
+            with open(f, 'rb') as h: n = int.from_bytes(h.read(8), 'little'); return hashlib.sha256(h.read(n)).hexdigest()
+        return _sha({f.name: [f.stat().st_size, head(f) if f.suffix == '.safetensors' else hashlib.sha256(f.read_bytes()).hexdigest()]
+                     for f in sorted(d.iterdir()) if f.is_file() and not f.name.startswith('.')})
+    sources = {**({'base_model': plan.base_model} if plan.base_model else {}), **plan.models}
+    d = {'command': 'fusion-nb merge', 'config': plan.raw, 'resolved': dict(method=plan.method.name, mergekit=plan.mergekit,
+         base_model=plan.base_model, models=plan.models, out_dtype=plan.out_dtype, device=plan.device, output=plan.output),
+         'models': {n: fingerprint(s) for n, s in sources.items()}, 'version': fusion_nb.__version__, 'package': package_hash()}
+    d['hash'] = _sha(d)
+    return json.loads(json.dumps(d, default=str))
+
 def run_merge(config, # a YAML file, a dict, or a checked MergeConfig
               out_dir:str|Path, # the folder to write (new, empty, or an earlier export)
               *,
               repo_id:str|None=None, # upload to this hub repository afterwards (default: the config's output.push_to_hub)
+              device:str|None=None, # where merging computes, overriding the config's (cpu, cuda, auto)
               progress:bool=True,
               log=print, # where notes go
              )->Path:
     "Merge as `config` says and export the result with its model card and inputs.json; optionally push it to the Hub."
-    cfg = config if isinstance(config, MergeConfig) else load_merge_config(config)
+    cfg = config if isinstance(config, (MergeConfig, HFMergePlan)) else load_merge_config(config)
+    if device is not None: cfg.device = str(get_device(device))
     repo_id, m = repo_id or cfg.output['push_to_hub'], cfg.method
     check_export_dir(out_dir)
     if repo_id: check_push(repo_id, out_dir)   # offline: say so now, not after the merge
+    if isinstance(cfg, HFMergePlan):
+        run_hf_merge(cfg, out_dir, inputs=hf_inputs(cfg), progress=progress, log=log)
+        log(f"{', '.join(cfg.models)} merged with {cfg.mergekit or m.label} → {out_dir}")
+        if repo_id: log(f"pushed to the Hugging Face Hub: {push_to_hub(out_dir, repo_id, private=cfg.output['private'])}")
+        return Path(out_dir)
     pre = vision_state_dict(cfg.base_model, name='base_model') if cfg.base_model else None
     experts = {n: vision_state_dict(s, name=n) for n, s in cfg.models.items()}
     check_models(pre, experts)

@@ -554,11 +554,12 @@ def _parser()->argparse.ArgumentParser:
     _add_backend_options(r)
     _add_sweep_parser(sub)
     sub.add_parser('list', help='list profiles and experiments')
-    g = sub.add_parser('merge', help='merge models as a mergekit-style YAML config says and export them with a model card '
-                       '(fusion_nb.reproduce.merge_config)')
+    g = sub.add_parser('merge', help='merge models (any Hugging Face model with safetensors weights) as a YAML config says, '
+                       "this project's or mergekit's, and export them with a model card (fusion_nb.reproduce.merge_config)")
     g.add_argument('config', help='the merge config (YAML; examples in examples/merge/)')
     g.add_argument('-o', '--output', required=True, help='the folder to write (new, empty, or an earlier export)')
     g.add_argument('--push-to-hub', metavar='OWNER/NAME', default=None, help='upload the folder to this hub repository afterwards')
+    g.add_argument('--device', default=None, help="where merging computes (cpu, cuda, auto), overriding the config's device")
     g.add_argument('--no-progress', action='store_true', help='no progress bars')
     return ap
 
@@ -579,7 +580,7 @@ def main(argv:Sequence[str]|None=None)->int:
         if a.cmd == 'list': _list(); return 0
         if a.cmd == 'merge':
             from fusion_nb.reproduce.merge_config import run_merge   # the merge methods load only for this command
-            run_merge(a.config, a.output, repo_id=a.push_to_hub, progress=not a.no_progress); return 0
+            run_merge(a.config, a.output, repo_id=a.push_to_hub, device=a.device, progress=not a.no_progress); return 0
         if a.cmd == 'sweep': return _sweep_main(a)
         status = reproduce(a.profile, a.only, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address)
     except FusionError as e:
