@@ -316,3 +316,23 @@ def test_local_profile_checks_every_dataset_before_any_model_work(settings, tmp_
     assert f"expert.mnist = {root/'models'/'nowhere'}: no such folder" in msg
     assert "dataset of task 'svhn' lacks column(s) ['image']" in msg
     assert "'mnist': " in msg and "is neither a dataset saved with save_to_disk nor one in the hub's layout" in msg
+
+def test_a_renamed_copy_of_a_paper_profile_is_compared_with_the_paper(tmp_path):
+    "paper_model = clip-vit-b32 in a copy under another name: the paper's rows are found (by name alone they were not)."
+    import configparser, re
+    from fusion_nb.core import project_root
+    from fusion_nb.reproduce.reports import load_paper_values, paper_model, paper_table
+    cp = configparser.ConfigParser(interpolation=None); cp.read(project_root()/'settings.ini', encoding='utf-8')
+    copy = dict(cp['clip-vit-b32'])
+    (tmp_path/'settings.ini').write_text('[my-mirror]\n' + ''.join(f'{k} = {v}\n' for k, v in copy.items())
+                                         + 'paper_model = clip-vit-b32\n')
+    P = load_profile('my-mirror', settings=tmp_path/'settings.ini')
+    assert paper_model(P) == 'clip-vit-b32' and 'paper_model' in P.params()   # a changed key reruns the comparison
+    pv = load_paper_values(project_root())
+    rows = ['Task Arithmetic', 'Simple Averaging', 'task_arithmetic', 'simple_average']
+    assert paper_table(pv, paper_model(P), rows, P.tasks, table='multi_task').notna().any().any()
+    assert paper_table(pv, P.name, rows, P.tasks, table='multi_task').empty   # by the profile's name: nothing
+    # every experiment notebook looks the paper's values up through paper_model, never by the profile's name
+    for nb in sorted((project_root()/'nbs'/'experiments').glob('*.ipynb')):
+        src = nb.read_text(encoding='utf-8')
+        assert not re.search(r"paper_(table|rows|wide)\([^)\n]*P\.name|\['model'\] == P\.name", src), nb.name

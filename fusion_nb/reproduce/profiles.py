@@ -15,7 +15,7 @@ import torch
 from ..core import FusionError, UnknownNameError, get_device, get_dtype, project_root
 
 # %% auto #0
-__all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'SCRATCH', 'SWEEPS', 'Profile', 'is_local',
+__all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'PAPER_KEYS', 'SCRATCH', 'SWEEPS', 'Profile', 'is_local',
            'resolve_source', 'settings_path', 'list_profiles', 'declared_parameters', 'check_keys', 'load_profile',
            'hub_reachable', 'Source', 'experiment_sources', 'profile_sources', 'source_problems', 'missing_from_cache',
            'prepare', 'resolved_revisions']
@@ -79,6 +79,8 @@ BUDGET_KEYS = {'fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_ba
                'neulig_steps', 'neulig_lr', 'neulig_batch_size'}
 # a second backbone of another architecture (paper 001, Table s6), read by fusion_nb.tiny.second_backbone
 BACKBONE_KEYS = {'second_pretrained', 'second_expert_template'}
+# which paper model a profile's tables are compared with (fusion_nb.reproduce.reports.paper_model; default: the profile's name)
+PAPER_KEYS = {'paper_model'}
 SCRATCH = 'scratch'  # outputs/scratch/: notebooks run outside the runner write there; no profile may take the name
 SWEEPS = 'sweeps'    # outputs/sweeps/<profile>/<experiment>/: the points of `fusion-nb sweep`; no profile may take the name
 _TRUE, _FALSE = ('1', 'true', 'yes', 'on'), ('0', 'false', 'no', 'off', '')
@@ -133,13 +135,13 @@ def declared_parameters(root:str|Path)->set[str]:
 
 def check_keys(name:str, raw:dict, path:Path, root:Path)->None:
     "Fail on a key of profile `name` that neither the library nor any experiment notebook reads, suggesting close ones."
-    known = _KNOWN | BUDGET_KEYS | BACKBONE_KEYS | declared_parameters(root)
+    known = _KNOWN | BUDGET_KEYS | BACKBONE_KEYS | PAPER_KEYS | declared_parameters(root)
     for key in raw:
         if key in known or key.startswith(('expert.', 'dataset.')): continue
         close = difflib.get_close_matches(key, sorted(known), n=3)
         raise FusionError(f"profile {name!r} in {path}: unknown key {key!r}"
                           + (f" (did you mean {', '.join(map(repr, close))}?)" if close else '')
-                          + f". Known keys: {', '.join(sorted(_KNOWN | BUDGET_KEYS | BACKBONE_KEYS))}, expert.<task>, dataset.<task>, "
+                          + f". Known keys: {', '.join(sorted(_KNOWN | BUDGET_KEYS | BACKBONE_KEYS | PAPER_KEYS))}, expert.<task>, dataset.<task>, "
                           "and the parameters the experiment notebooks declare")
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #09787c7c
@@ -231,6 +233,7 @@ class Source:
     kind:str       # 'model', 'dataset' (hub id[:config] or folder) or 'file' (read as it is: hub owner/repo:file or a local file / tree)
     value:str      # hub id or absolute local path
     how:str = ''   # how to provide it where it is missing
+    split:str = '' # the split read, where the experiment fixes it (paper 002's sets); '' the profile's test split
 
 _MODEL_HOW = "give a model folder (`save_pretrained`, or `hf download <hub id> --local-dir <folder>`)"
 _DATASET_HOW = ("give a DatasetDict saved with `save_to_disk`, or a download in the hub's layout "
@@ -242,7 +245,7 @@ def _dataset_source(task:str, value:str, experiment:str='')->Source:
     cat = PAPER002_SOURCES if experiment[:1] == '2' else PAPER003_SOURCES
     info = cat.get(task)
     kind = 'file' if isinstance(info, FileSource) and task != 'cifar10' else 'dataset'
-    return Source(f'dataset.{task}', kind, value, info.how_to_save() if info else _DATASET_HOW)
+    return Source(f'dataset.{task}', kind, value, info.how_to_save() if info else _DATASET_HOW, info.split if info and experiment[:1] == '2' else '')
 
 def _per_task(profile:Profile, kind:str, tasks)->dict[str, str]:
     "Task → expert / dataset of other tasks than the profile's own (e.g. experiment 10's seven), from its keys."
@@ -378,7 +381,7 @@ def _sources_error(profile:Profile, problems:list[str])->FusionError:
 def _read_splits(profile:Profile)->dict[str, tuple[str, str]]:
     "Task → (local dataset, the split its tables evaluate: `test_splits` task:split, else `test_split`)."
     splits = dict(kv.split(':', 1) for kv in profile.extra.get('test_splits', '').split() if ':' in kv)
-    return {s.key.split('.', 1)[1]: (s.value, splits.get(s.key.split('.', 1)[1], profile.test_split)) for s in profile_sources(profile)
+    return {s.key.split('.', 1)[1]: (s.value, s.split or splits.get(s.key.split('.', 1)[1], profile.test_split)) for s in profile_sources(profile)
             if s.kind == 'dataset' and s.key.startswith('dataset.') and is_local(s.value)}
 
 def prepare(profile:Profile, # the profile about to run
