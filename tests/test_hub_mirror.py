@@ -117,3 +117,53 @@ def test_paper_000_profile_on_the_mirror_end_to_end(mirror):
     assert len(t04) == paper_rows and list(t04.columns) == [*TASKS, 'Avg.']   # every row of the paper's table
     assert t04.notna().all().all() and ((t04 >= 0) & (t04 <= 100)).all().all()
     print(f'paper 000 on the mirror: {time.time() - t0:.1f} s')
+
+# --- paper 003: ImageNet and its shifts as the hub and their distributors publish them ---
+
+SHIFT_BUDGET = dict(finetune_batch_size=4, finetune_epochs=1, finetune_lr='1e-3', finetune_warmup_steps=1, finetune_val_size=4,
+                    finetune_seeds=0, maskings='random', refills='none', rates='[0.5]', thresholds='[0.5]', why_images=4)
+
+@pytest.fixture(scope='module')
+def imagenet_mirror(tmp_path_factory):
+    "`b32-imagenet-mirror`: clip-vit-b32-imagenet's keys on ImageNet-1k (hub layout, its own class names), ImageNet-R and -A as "
+    "axiong publishes them (WordNet-id strings), Sketch's parquet shards, and the two folders a user saves (V2, ObjectNet)."
+    from datasets import DatasetDict
+    from fusion_nb.catalog import IMAGENET, IMAGENET_A_WNIDS, IMAGENET_R_WNIDS, OBJECTNET_TO_IMAGENET
+    from fusion_nb.tiny.clip_factory import make_clip_dir
+    root = tmp_path_factory.mktemp('imagenet_mirror'); m = root/'mirror'
+    words = list(IMAGENET.class_names) + [t.replace('{}', '').strip() for t in IMAGENET.templates]
+    _old_style_pretrained(make_clip_dir(root/'scratch'/'clip', words, seed=0), m/'openai'/'clip-vit-base-patch32')
+    hub_names = [f'{c}, as ImageNet-1k spells it {i}' for i, c in enumerate(IMAGENET.class_names)]
+    cl = lambda names: Features({'image': ImageFeature(), 'label': ClassLabel(names=list(names))})
+    rows = lambda n, k, s: {'image': _images(n, s, 'RGB'), 'label': [(37 * j + s) % k for j in range(n)]}
+    _parquet_layout(m/'datasets'/'ILSVRC'/'imagenet-1k', {'train': rows(8, 1000, 1), 'validation': rows(4, 1000, 2)}, cl(hub_names))
+    wn = Features({'image': ImageFeature(), 'wnid': datasets.Value('string'), 'class_name': datasets.Value('string')})
+    for name, ids, s in (('imagenet-r', IMAGENET_R_WNIDS, 3), ('imagenet-a', IMAGENET_A_WNIDS, 4)):
+        w = [ids[(11 * j + s) % len(ids)] for j in range(4)]
+        _parquet_layout(m/'datasets'/'axiong'/name, {'test': {'image': _images(4, s, 'RGB'), 'wnid': w, 'class_name': w}}, wn, config='test')
+    _parquet_layout(m/'datasets'/'songweig'/'imagenet_sketch', {'train': rows(4, 1000, 5)}, cl(hub_names))
+    v2 = sorted(map(str, range(1000)))
+    DatasetDict(test=Dataset.from_dict(rows(4, 1000, 6), features=cl(v2))).save_to_disk(str(root/'data'/'paper003'/'imagenet_v2'))
+    DatasetDict(test=Dataset.from_dict(rows(4, 113, 7), features=cl(sorted(OBJECTNET_TO_IMAGENET)))).save_to_disk(str(root/'data'/'paper003'/'objectnet'))
+    (root/'nbs').mkdir(); (root/'nbs'/'experiments').symlink_to(REPO/'nbs'/'experiments')
+    (root/'data'/'paper_values').symlink_to(REPO/'data'/'paper_values')
+    (root/'settings.ini').write_text("[b32-imagenet-mirror]\ndescription = clip-vit-b32-imagenet on a local mirror\n"
+        "paper_model = clip-vit-b32-imagenet\ndevice = cpu\nbatch_size = 8\nclass_names = catalog\nexperiments = 30 31\n"
+        "tasks = imagenet imagenet_v2 imagenet_r imagenet_sketch objectnet imagenet_a\ntest_split = test\n"
+        "test_splits = imagenet:validation imagenet_sketch:train\npretrained = ./mirror/openai/clip-vit-base-patch32\n"
+        "dataset.imagenet = ./mirror/datasets/ILSVRC/imagenet-1k\ndataset.imagenet_v2 = ./data/paper003/imagenet_v2\n"
+        "dataset.imagenet_r = ./mirror/datasets/axiong/imagenet-r:test\ndataset.imagenet_sketch = ./mirror/datasets/songweig/imagenet_sketch\n"
+        "dataset.objectnet = ./data/paper003/objectnet\ndataset.imagenet_a = ./mirror/datasets/axiong/imagenet-a:test\nsoup_ingredients =\n"
+        + ''.join(f'{k} = {v}\n' for k, v in SHIFT_BUDGET.items()))
+    return root
+
+def test_paper_003_profile_on_the_mirror(imagenet_mirror):
+    "Experiment 30 of a renamed clip-vit-b32-imagenet on the mirror: every set read as published, scored, compared with paper 003."
+    t0 = time.time()
+    r = _reproduce(imagenet_mirror, '--profile', 'b32-imagenet-mirror', '--only', '30')
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = imagenet_mirror/'outputs'/'b32-imagenet-mirror'/'30_masked_images'
+    rec = pd.read_csv(out/'results.csv')
+    assert set(rec['task']) == {'imagenet', 'imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a'}
+    assert (out/'table1_vs_paper.csv').exists()
+    print(f'paper 003 (experiment 30) on the mirror: {time.time() - t0:.1f} s')

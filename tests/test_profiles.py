@@ -336,3 +336,5 @@ def test_a_renamed_copy_of_a_paper_profile_is_compared_with_the_paper(tmp_path):
     for nb in sorted((project_root()/'nbs'/'experiments').glob('*.ipynb')):
         src = nb.read_text(encoding='utf-8')
         assert not re.search(r"paper_(table|rows|wide)\([^)\n]*P\.name|\['model'\] == P\.name", src), nb.name
+        for c in json.loads(src)['cells']:   # and still compiles (an edited import once did not)
+            if c['cell_type'] == 'code': compile('\n'.join(l for l in ''.join(c['source']).split('\n') if not l.lstrip().startswith(('%', '!'))), nb.name, 'exec')
