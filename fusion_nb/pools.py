@@ -22,7 +22,8 @@ from .checkpoints import (LazyStateDict, hub_revision, is_local_source, load_vis
 from .catalog import CATALOG, class_names_for, templates_for
 
 # %% auto #0
-__all__ = ['PRETRAINED', 'check_schema', 'load_split', 'Task', 'TaskPool', 'ModelPool']
+__all__ = ['PRETRAINED', 'check_schema', 'published_schema', 'local_dataset', 'is_saved_dataset', 'hub_layout_files',
+           'load_split', 'dataset_problems', 'Task', 'TaskPool', 'ModelPool']
 
 # %% ../nbs/05_pools.ipynb #e8713e55
 def check_schema(ds:Dataset, # one split of a task dataset
@@ -32,7 +33,8 @@ def check_schema(ds:Dataset, # one split of a task dataset
     missing = [c for c in ('image', 'label') if c not in ds.column_names]
     if missing:
         raise FusionError(f"dataset of task {task!r} lacks column(s) {missing}; it has {ds.column_names} "
-                          "(expected the schema of tanganke/<task>: 'image' (Image) and 'label' (ClassLabel))")
+                          "(expected the schema of tanganke/<task>: 'image' (Image) and 'label' (ClassLabel), "
+                          "or a WordNet-id string column 'wnid' as axiong/imagenet-r publishes it)")
     if not isinstance(ds.features['image'], datasets.Image):
         raise FusionError(f"dataset of task {task!r}: column 'image' must be a datasets.Image feature, "
                           f"got {type(ds.features['image']).__name__}")
@@ -41,6 +43,17 @@ def check_schema(ds:Dataset, # one split of a task dataset
                           f"got {type(ds.features['label']).__name__}")
     return ds
 
+def published_schema(ds:Dataset, # one split, as it was published
+                    )->Dataset:
+    "`ds` in the project's schema: `img` → `image` (uoft-cs/cifar10); a WordNet-id string `wnid` without `label` (axiong/imagenet-r) → a ClassLabel `label` named by WordNet id."
+    cols = ds.column_names
+    if 'image' not in cols and 'img' in cols: ds = ds.rename_column('img', 'image')
+    wnid = ds.features.get('wnid')
+    if 'label' not in cols and isinstance(wnid, datasets.Value) and wnid.dtype in ('string', 'large_string'):
+        ds = ds.cast_column('wnid', ClassLabel(names=sorted(set(ds['wnid'])))).rename_column('wnid', 'label')
+    return ds
+
+# %% ../nbs/05_pools.ipynb #f9a99a28
 def _hub_split(source:str, split:str, task:str)->Dataset:
     repo, _, config = source.partition(':')
     repo, revision = hub_revision(repo)   # `owner/name@revision:config`
@@ -51,22 +64,56 @@ def _hub_split(source:str, split:str, task:str)->Dataset:
     except (ConnectionError, FileNotFoundError) as e:
         raise FusionError(f"dataset {source!r} of task {task!r} could not be loaded ({type(e).__name__}: {e}). "
                           "Run where the Hugging Face Hub is reachable (and not HF_HUB_OFFLINE=1), or point the "
-                          "profile at a local copy saved with save_to_disk (a path starting with ./ or /).") from e
+                          "profile at a local copy: a save_to_disk folder or a download in the hub's layout (a path starting with ./ or /).") from e
 
 def _nonempty(ds:Dataset, source:str, split:str, task:str)->Dataset:
     "`ds`, unless it has no rows: an accuracy over nothing would be NaN, or a crash deep inside evaluation."
     if len(ds) == 0: raise FusionError(f"dataset of task {task!r}: split {split!r} of {source!r} is empty (0 examples)")
     return ds
 
-def load_split(source:str, # local directory (`save_to_disk`) or hub id[:config]
+def local_dataset(source:str, # a local path, optionally `path:config`
+                 )->tuple[Path, str|None]:
+    "The folder and config name of a local dataset source (`./svhn:cropped_digits` → svhn, 'cropped_digits')."
+    path = Path(str(source)).expanduser()
+    head, sep, config = str(source).rpartition(':')
+    if sep and '/' not in config and not path.exists() and Path(head).expanduser().exists(): return Path(head).expanduser(), config
+    return path, None
+
+def is_saved_dataset(path:Path)->bool:
+    "Is `path` a folder written by `save_to_disk` (a DatasetDict or a Dataset)?"
+    return (path/'dataset_dict.json').exists() or (path/'state.json').exists()
+
+def hub_layout_files(path:Path, # a folder as `hf download --repo-type dataset … --local-dir` writes it
+                     config:str|None=None, # a config of its card's `configs:` (default: the card's default)
+                     task:str='task')->tuple[str, dict[str, list[str]], datasets.Features|None]:
+    "The format, split → files and card features of a local folder in the hub's layout, resolved as `datasets.load_dataset` does."
+    try: b = datasets.load_dataset_builder(str(path), config)
+    except (ValueError, FileNotFoundError) as e:
+        raise FusionError(f"dataset of task {task!r}: {str(path)!r} is neither a dataset saved with save_to_disk nor one in the hub's "
+                          f"layout that datasets.load_dataset reads (parquet shards under data/ or <config>/, a README.md card "
+                          f"with `configs:`){f' with a config {config!r}' if config else ''}: {e}") from None
+    return type(b).__module__.split('.')[-1], {str(k): list(v) for k, v in (b.config.data_files or {}).items()}, b.info.features
+
+def _hub_layout_split(path:Path, config:str|None, split:str, task:str)->Dataset:
+    "One split of a folder in the hub's layout, loaded from its resolved files (a cache keyed by the folder name alone could mix two folders)."
+    fmt, files, features = hub_layout_files(path, config, task)
+    if split not in files: raise FusionError(f"dataset of task {task!r} has no split {split!r}; available splits: {', '.join(files)}")
+    return load_dataset(fmt, data_files={split: files[split]}, split=split, features=features)
+
+
+# %% ../nbs/05_pools.ipynb #91eab172
+def load_split(source:str, # local folder (`save_to_disk`, or the hub's layout, `path:config`) or hub id[:config]
                split:str, # split name, e.g. 'test'
                task:str='task', # task name, for messages
               )->Dataset:
-    "One split of a task dataset, schema-checked and not empty."
+    "One split of a task dataset, in the project's schema (`published_schema`), checked and not empty."
     source = str(source)
-    if not is_local_source(source): return _nonempty(check_schema(_hub_split(source, split, task), task), source, split, task)
-    path = Path(source).expanduser()
+    done = lambda ds: _nonempty(check_schema(published_schema(ds), task), source, split, task)
+    if not is_local_source(source): return done(_hub_split(source, split, task))
+    path, config = local_dataset(source)
     if not path.exists(): raise FusionError(f"dataset of task {task!r} not found at {source!r}")
+    if not is_saved_dataset(path):   # a download in the hub's own layout
+        return done(_hub_layout_split(path, config, split, task))
     if (path/'dataset_dict.json').exists():   # read the one split: an empty split (no arrow files) breaks loading them all
         splits = json.loads((path/'dataset_dict.json').read_text())['splits']
         if split not in splits:
@@ -74,18 +121,22 @@ def load_split(source:str, # local directory (`save_to_disk`) or hub id[:config]
         state = path/split/'state.json'
         if state.exists() and json.loads(state.read_text()).get('_data_files') == []:
             raise FusionError(f"dataset of task {task!r}: split {split!r} of {source!r} is empty (0 examples)")
-        try: return _nonempty(check_schema(Dataset.load_from_disk(str(path/split)), task), source, split, task)
+        try: return done(Dataset.load_from_disk(str(path/split)))
         except FileNotFoundError as e:
             raise FusionError(f"dataset of task {task!r}: split {split!r} of {source!r} is incomplete ({e})") from None
-    try: dd = load_from_disk(str(path))
-    except FileNotFoundError as e:
-        raise FusionError(f"dataset of task {task!r}: {source!r} is not a dataset saved with save_to_disk ({e})") from None
-    if isinstance(dd, Dataset):
-        raise FusionError(f"dataset of task {task!r} at {source!r} is a single Dataset without splits; "
-                          f"save a DatasetDict with a {split!r} split")
-    if split not in dd:
-        raise FusionError(f"dataset of task {task!r} has no split {split!r}; available splits: {', '.join(dd)}")
-    return _nonempty(check_schema(dd[split], task), source, split, task)
+    raise FusionError(f"dataset of task {task!r} at {source!r} is a single Dataset without splits; "
+                      f"save a DatasetDict with a {split!r} split")
+
+# %% ../nbs/05_pools.ipynb #6142b3e0
+def dataset_problems(sources:Mapping[str, tuple[str, str]], # task → (dataset source, split read)
+                    )->list[str]:
+    "One line per local dataset of `sources` that cannot be read as a task dataset (hub ids and absent folders left to the offline check)."
+    out = []
+    for task, (src, split) in sources.items():
+        if not is_local_source(src) or not local_dataset(src)[0].exists(): continue
+        try: load_split(src, split, task)
+        except FusionError as e: out.append(str(e))
+    return out
 
 # %% ../nbs/05_pools.ipynb #34a81a7d
 class Task:

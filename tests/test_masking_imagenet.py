@@ -3,7 +3,7 @@ sets are (WordNet ids, ImageNet label indices, ObjectNet folders), evaluated by 
 import numpy as np
 import pytest
 import torch
-from datasets import ClassLabel, Dataset, DatasetDict, Features, Image as ImageFeature
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Image as ImageFeature, Value
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
@@ -204,3 +204,30 @@ def test_with_hub_access_a_gated_set_without_accepted_terms_is_named(monkeypatch
     assert asked == [('ILSVRC/imagenet-1k', 'dataset')]
     monkeypatch.setattr(huggingface_hub, 'auth_check', lambda repo_id, repo_type=None, **kw: None)
     check_sources(p, hub_tasks, hub_reachable=True)   # access granted, every set on the hub: nothing to say
+
+def _published_imagenet_r(path, images, wnids):
+    "axiong/imagenet-r as its card publishes it: parquet shards under test/, a card with `configs:`, columns image, wnid, class_name (strings)."
+    feats = Features({'image': ImageFeature(), 'wnid': Value('string'), 'class_name': Value('string')})
+    (path/'test').mkdir(parents=True)
+    Dataset.from_dict({'image': images, 'wnid': wnids, 'class_name': [f'name of {w}' for w in wnids]},
+                      features=feats).to_parquet(str(path/'test'/'test-00000-of-00001.parquet'))
+    (path/'README.md').write_text('---\nlicense: mit\nconfigs:\n- config_name: test\n  data_files:\n  - split: test\n'
+                                  '    path: test/test-*\n  default: true\n---\n# ImageNet-R\n')
+    return str(path)
+
+def test_imagenet_r_in_its_published_schema_is_matched_by_wordnet_id(imagenet_clip, tmp_path):
+    "No `label` column: each image's WordNet id string is its class, matched to ImageNet's classes by id (before: 'lacks column(s) ['label']')."
+    clip, tok, proc = imagenet_clip
+    images = _images(30, seed=11)
+    logits = _id_logits(clip, tok, proc, images)
+    cands = [[IMAGENET_WNIDS.index(w)] for w in IMAGENET_R_WNIDS]
+    labels = _labels(logits, cands, seed=12)
+    wnids = [IMAGENET_R_WNIDS[y] for y in labels]
+    ds = Task('imagenet_r', _published_imagenet_r(tmp_path/'imagenet-r', images, wnids), split='test').load()
+    names = ds.features['label'].names
+    assert [names[y] for y in ds['label']] == wnids   # every image keeps its own WordNet id
+    rec = evaluate_id_ood({'zero_shot': clip.vision_model}, clip, tok, proc, {'imagenet_r': ds}, IMAGENET.class_names, TEMPLATES,
+                          id_wnids=IMAGENET_WNIDS, batch_size=16, progress=False).set_index('task')['value']
+    present = sorted(set(wnids))   # the set's classes: the WordNet ids it holds
+    naive = [present[_naive_prediction(r, [[IMAGENET_WNIDS.index(w)] for w in present])] for r in logits]
+    assert rec['imagenet_r'] == pytest.approx(np.mean([p == w for p, w in zip(naive, wnids)]), abs=1e-12)

@@ -195,7 +195,7 @@ def test_missing_from_cache(settings, caches):
 
 def test_hub_profile_offline_fails_at_once(settings, caches, monkeypatch):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-    p = load_profile('hubby', settings=settings)
+    p = load_profile('hubby', settings=settings, device='cpu')   # its cuda is checked before the hub: test_device_is_checked_before_the_hub
     t0 = time.time()
     with pytest.raises(FusionError) as e:
         prepare(p, log=lambda s: None)
@@ -223,7 +223,9 @@ def test_local_profile_goes_offline_and_builds(settings, monkeypatch):
     prepare(p, progress=False)
     assert os.environ['HF_HUB_OFFLINE'] == '1' and os.environ['HF_DATASETS_OFFLINE'] == '1'
     assert calls == [{'scale': 'micro', 'root': settings.parent, 'progress': False}]
-    prepare(p, build=False); prepare(load_profile('local', settings=settings, build=''))
+    prepare(p, build=False)
+    with pytest.raises(FusionError, match='no such folder'):   # without a builder, its absent local folders are named at once (issue 27)
+        prepare(load_profile('local', settings=settings, build=''))
     assert len(calls) == 1
 
 def test_cuda_profile_without_a_gpu_fails_in_prepare(settings, caches, monkeypatch):
@@ -237,3 +239,102 @@ def test_cuda_profile_without_a_gpu_fails_in_prepare(settings, caches, monkeypat
     for d in p.hub_sources()['datasets']: fake_dataset(ds, d)
     with pytest.raises(FusionError, match="profile 'hubby': device 'cuda' requested but CUDA is not available on this machine; use device='cpu'"):
         prepare(p, log=lambda s: None)
+
+
+# --- issue 27: everything a profile reads named at once, the device first, nothing left behind by a failed check ---
+
+def test_device_is_checked_before_the_hub(settings, caches, monkeypatch):
+    "A machine with neither a GPU nor the hub is told about the GPU first: without one nothing at paper scale runs here anyway."
+    import torch
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    with pytest.raises(FusionError, match="profile 'hubby': device 'cuda' requested but CUDA is not available"):
+        prepare(load_profile('hubby', settings=settings), log=lambda s: None)
+
+def test_a_failed_check_leaves_no_profile_folder(settings, caches, monkeypatch, tmp_path):
+    import fusion_nb.reproduce.runner as runner
+    monkeypatch.setattr(runner, 'experiment_parameters', lambda nb, profile: {})   # the toy notebook has no kernel to read it with
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    with pytest.raises(FusionError, match="profile 'hubby'"):   # its device or the hub, whichever fails first
+        runner.reproduce('hubby', settings=settings, output_root=tmp_path/'outputs', progress=False, log=lambda s: None)
+    assert not (tmp_path/'outputs'/'hubby').exists()
+
+def _paper_profile_sources(cp, name, root):
+    "What a paper profile's experiments read, from settings.ini's text: the values of its keys, ./ paths made absolute."
+    from fusion_nb.tiny.tasks import NEULIG_TASKS
+    sec, absolute = cp[name], lambda v: str((root/v).resolve()) if v.startswith('./') else v
+    exps = sec.get('experiments', '').split()
+    tasks = sec['tasks'].split() + [t for t in NEULIG_TASKS if '10' in exps and t not in sec['tasks'].split()]
+    robust = any(k.startswith('robust_checkpoints_') for k in sec)
+    out = {} if robust else {'pretrained': sec['pretrained']}
+    for kind in ('expert', 'dataset'):
+        for t in tasks:
+            if v := sec.get(f'{kind}.{t}') or sec.get(f'{kind}_template', '').replace('{task}', t): out[f'{kind}.{t}'] = v
+    for key in [k for k in sec if k.startswith('robust_checkpoints_')]:
+        out.update({f'{key} {i.split("=")[0]}': i.split('=', 1)[1] for i in sec[key].split()})
+    for key in ('llava_held_in', 'llava_held_out'):
+        out.update({f'{key} {i.split("=")[0]}': i.split('=', 1)[1] if '=' in i else '' for i in sec.get(key, '').split()})
+    out.update({'soup_ingredients': v for v in sec.get('soup_ingredients', '').split()})
+    return {k: absolute(v) for k, v in out.items()}
+
+def test_offline_message_names_every_source_of_every_paper_profile(caches, monkeypatch):
+    "Every hub profile of the project's settings.ini, offline with empty caches: one message naming everything its experiments read."
+    import configparser
+    from fusion_nb.core import project_root
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    cp = configparser.ConfigParser(interpolation=None); cp.read(project_root()/'settings.ini', encoding='utf-8')
+    paper = [n for n in cp.sections() if cp[n].get('hub', 'false').strip() == 'true']
+    assert {'clip-vit-b32', 'clip-vit-l14', 'llava-1.5-7b', 'clip-vit-b32-imagenet', 'robust-soups'} <= set(paper)
+    for name in paper:
+        with pytest.raises(FusionError) as e: prepare(load_profile(name, device='cpu'), log=lambda s: None)
+        msg, expected = str(e.value), _paper_profile_sources(cp, name, project_root())
+        for key, value in expected.items():
+            assert f'{key} = {value}' in msg if value else f'{key} = ' in msg, (name, key, value)
+        if cp[name].get('llava_finetunes', None) == '': assert 'llava_finetunes is empty' in msg
+        assert 'save_to_disk' not in msg or not any(k.startswith('robust_checkpoints_') for k in cp[name]), name   # files are read as they are
+    b32 = _paper_profile_sources(cp, 'clip-vit-b32', project_root())
+    assert {'expert.cifar10', 'expert.cifar100', 'expert.stl10', 'dataset.cifar10', 'dataset.cifar100', 'dataset.stl10'} <= set(b32)
+    assert len([k for k in _paper_profile_sources(cp, 'llava-1.5-7b', project_root()) if k.startswith('llava_held')]) == 12
+    assert len([k for k in _paper_profile_sources(cp, 'robust-soups', project_root()) if k.startswith('robust_checkpoints')]) == 31
+
+def test_local_profile_checks_every_dataset_before_any_model_work(settings, tmp_path):
+    "A profile of local folders (no builder): a missing expert and an unreadable dataset folder are named together by prepare."
+    from datasets import ClassLabel, Dataset, DatasetDict, Features, Image as ImageFeature
+    from PIL import Image
+    root = settings.parent
+    for t in ('cars', 'svhn', 'mnist'): (root/'models'/f'clip_{t}').mkdir(parents=True, exist_ok=True)
+    (root/'models'/'clip').mkdir(exist_ok=True)
+    f = Features({'image': ImageFeature(), 'label': ClassLabel(names=['a', 'b'])})
+    DatasetDict(test=Dataset.from_dict({'image': [Image.new('RGB', (4, 4))], 'label': [1]}, features=f)).save_to_disk(str(root/'data'/'cars'))
+    DatasetDict(test=Dataset.from_dict({'picture': [1], 'label': [0]})).save_to_disk(str(root/'data'/'svhn'))   # no image column
+    (root/'data'/'mnist').mkdir(parents=True)                                                                  # neither layout
+    settings.write_text(settings.read_text() + "[mirror]\npretrained = ./models/clip\nexpert_template = ./models/clip_{task}\n"
+                        "expert.mnist = ./models/nowhere\ndataset_template = ./data/{task}\n")
+    with pytest.raises(FusionError) as e: prepare(load_profile('mirror', settings=settings), log=lambda s: None)
+    msg = str(e.value)
+    assert "profile 'mirror' cannot run: 3 of the sources" in msg
+    assert f"expert.mnist = {root/'models'/'nowhere'}: no such folder" in msg
+    assert "dataset of task 'svhn' lacks column(s) ['image']" in msg
+    assert "'mnist': " in msg and "is neither a dataset saved with save_to_disk nor one in the hub's layout" in msg
+
+def test_a_renamed_copy_of_a_paper_profile_is_compared_with_the_paper(tmp_path):
+    "paper_model = clip-vit-b32 in a copy under another name: the paper's rows are found (by name alone they were not)."
+    import configparser, re
+    from fusion_nb.core import project_root
+    from fusion_nb.reproduce.reports import load_paper_values, paper_model, paper_table
+    cp = configparser.ConfigParser(interpolation=None); cp.read(project_root()/'settings.ini', encoding='utf-8')
+    copy = dict(cp['clip-vit-b32'])
+    (tmp_path/'settings.ini').write_text('[my-mirror]\n' + ''.join(f'{k} = {v}\n' for k, v in copy.items())
+                                         + 'paper_model = clip-vit-b32\n')
+    P = load_profile('my-mirror', settings=tmp_path/'settings.ini')
+    assert paper_model(P) == 'clip-vit-b32' and 'paper_model' in P.params()   # a changed key reruns the comparison
+    pv = load_paper_values(project_root())
+    rows = ['Task Arithmetic', 'Simple Averaging', 'task_arithmetic', 'simple_average']
+    assert paper_table(pv, paper_model(P), rows, P.tasks, table='multi_task').notna().any().any()
+    assert paper_table(pv, P.name, rows, P.tasks, table='multi_task').empty   # by the profile's name: nothing
+    # every experiment notebook looks the paper's values up through paper_model, never by the profile's name
+    for nb in sorted((project_root()/'nbs'/'experiments').glob('*.ipynb')):
+        src = nb.read_text(encoding='utf-8')
+        assert not re.search(r"paper_(table|rows|wide)\([^)\n]*P\.name|\['model'\] == P\.name", src), nb.name
+        for c in json.loads(src)['cells']:   # and still compiles (an edited import once did not)
+            if c['cell_type'] == 'code': compile('\n'.join(l for l in ''.join(c['source']).split('\n') if not l.lstrip().startswith(('%', '!'))), nb.name, 'exec')

@@ -102,16 +102,18 @@ def missing_sources(profile, # a fusion_nb.reproduce.profiles.Profile with datas
                    )->list[str]:
     "One line per dataset of `tasks` that `profile` cannot read, saying how to provide it (empty: all readable)."
     from fusion_nb.reproduce.profiles import hub_reachable as _reachable, missing_from_cache
+    from fusion_nb.pools import local_dataset
     hub_tasks = [t for t in tasks if t in profile.datasets and not is_local_source(profile.datasets[t])]
     reachable = (_reachable() if hub_tasks else True) if hub_reachable is None else hub_reachable
     cached_missing = set(missing_from_cache(profile)) if hub_tasks and not reachable else set()
     problems = []
     for t in tasks:
         src, info = profile.datasets.get(t), catalog.get(t)
-        how = info.how_to_save() if info else "save it with DatasetDict.save_to_disk (columns image, ClassLabel label)"
+        how = info.how_to_save() if info else ("save it with DatasetDict.save_to_disk (columns image, ClassLabel label), or download it in "
+                                               "the hub's layout (`hf download --repo-type dataset <id> --local-dir <folder>`)")
         if src is None: problems.append(f"{t}: the profile has no dataset.{t}: {how}.")
         elif is_local_source(src):
-            if not Path(src).expanduser().exists(): problems.append(f"{t}: no dataset folder at {src}: {how}.")
+            if not local_dataset(src)[0].exists(): problems.append(f"{t}: no dataset folder at {src}: {how}.")
         elif (p := _hub_problem(t, src, reachable, cached_missing, catalog)): problems.append(f"{p} Or {how}.")
     return problems
 

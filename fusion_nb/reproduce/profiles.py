@@ -15,9 +15,10 @@ import torch
 from ..core import FusionError, UnknownNameError, get_device, get_dtype, project_root
 
 # %% auto #0
-__all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'SCRATCH', 'SWEEPS', 'Profile', 'is_local',
+__all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'PAPER_KEYS', 'SCRATCH', 'SWEEPS', 'Profile', 'is_local',
            'resolve_source', 'settings_path', 'list_profiles', 'declared_parameters', 'check_keys', 'load_profile',
-           'hub_reachable', 'missing_from_cache', 'prepare', 'resolved_revisions']
+           'hub_reachable', 'Source', 'experiment_sources', 'profile_sources', 'source_problems', 'missing_from_cache',
+           'prepare', 'resolved_revisions']
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #fc87d834
 @dataclass
@@ -45,11 +46,12 @@ class Profile:
     gpus_per_experiment:float = 0.0 # GPUs one experiment asks of a Ray cluster (`--backend ray`)
     experiments:list[str] = field(default_factory=list) # the experiments this profile runs (names or unique prefixes); empty: all
     extra:dict[str, str] = field(default_factory=dict) # keys the library does not know, kept as strings
+    raw:dict[str, str] = field(default_factory=dict, repr=False) # the section's keys as written (overrides applied): what `profile_sources` reads
 
     def params(self)->dict:
         "Simple values (str, int, bool, list) to inject as papermill parameters."
         # `experiments` and the placement keys are the runner's, never a notebook's (05_generalization once took `experiments` for its splits)
-        d = {k: v for k, v in asdict(self).items() if k not in ('root', 'extra', 'experts', 'datasets', 'experiments', *PLACEMENT_KEYS)}
+        d = {k: v for k, v in asdict(self).items() if k not in ('root', 'extra', 'raw', 'experts', 'datasets', 'experiments', *PLACEMENT_KEYS)}
         return {**d, **self.extra}
 
     def output_dir(self, experiment:str, # the experiment (notebook stem)
@@ -77,6 +79,8 @@ BUDGET_KEYS = {'fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_ba
                'neulig_steps', 'neulig_lr', 'neulig_batch_size', 'wudi_steps', 'wudi_lr'}
 # a second backbone of another architecture (paper 001, Table s6), read by fusion_nb.tiny.second_backbone
 BACKBONE_KEYS = {'second_pretrained', 'second_expert_template'}
+# which paper model a profile's tables are compared with (fusion_nb.reproduce.reports.paper_model; default: the profile's name)
+PAPER_KEYS = {'paper_model'}
 SCRATCH = 'scratch'  # outputs/scratch/: notebooks run outside the runner write there; no profile may take the name
 SWEEPS = 'sweeps'    # outputs/sweeps/<profile>/<experiment>/: the points of `fusion-nb sweep`; no profile may take the name
 _TRUE, _FALSE = ('1', 'true', 'yes', 'on'), ('0', 'false', 'no', 'off', '')
@@ -131,13 +135,13 @@ def declared_parameters(root:str|Path)->set[str]:
 
 def check_keys(name:str, raw:dict, path:Path, root:Path)->None:
     "Fail on a key of profile `name` that neither the library nor any experiment notebook reads, suggesting close ones."
-    known = _KNOWN | BUDGET_KEYS | BACKBONE_KEYS | declared_parameters(root)
+    known = _KNOWN | BUDGET_KEYS | BACKBONE_KEYS | PAPER_KEYS | declared_parameters(root)
     for key in raw:
         if key in known or key.startswith(('expert.', 'dataset.')): continue
         close = difflib.get_close_matches(key, sorted(known), n=3)
         raise FusionError(f"profile {name!r} in {path}: unknown key {key!r}"
                           + (f" (did you mean {', '.join(map(repr, close))}?)" if close else '')
-                          + f". Known keys: {', '.join(sorted(_KNOWN | BUDGET_KEYS | BACKBONE_KEYS))}, expert.<task>, dataset.<task>, "
+                          + f". Known keys: {', '.join(sorted(_KNOWN | BUDGET_KEYS | BACKBONE_KEYS | PAPER_KEYS))}, expert.<task>, dataset.<task>, "
                           "and the parameters the experiment notebooks declare")
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #09787c7c
@@ -199,7 +203,7 @@ def load_profile(name:str|None=None, # profile (section of settings.ini); defaul
     root = path.resolve().parent
     check_keys(name, raw, path, root)
     extra = {k: v for k, v in raw.items() if k not in _KNOWN and not k.startswith(('expert.', 'dataset.'))}
-    return Profile(name=name, root=root, extra=extra, **_parse(name, raw, root))
+    return Profile(name=name, root=root, extra=extra, raw=raw, **_parse(name, raw, root))
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #82594d4e
 def _env_true(var:str)->bool: return os.environ.get(var, '').strip().lower() in _TRUE
@@ -221,6 +225,115 @@ def hub_reachable(timeout:float=3.0, # seconds to wait for an answer, DNS includ
     t.start(); t.join(timeout)
     return bool(answered)
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #f650b0cf
+@dataclass(frozen=True)
+class Source:
+    "One thing a profile's experiments read: a model, a dataset or a file, on the hub or in a local path."
+    key:str        # the profile key naming it, e.g. 'expert.gtsrb', 'robust_checkpoints_cifar10 theta_l2', 'llava_held_out gqa'
+    kind:str       # 'model', 'dataset' (hub id[:config] or folder) or 'file' (read as it is: hub owner/repo:file or a local file / tree)
+    value:str      # hub id or absolute local path
+    how:str = ''   # how to provide it where it is missing
+    split:str = '' # the split read, where the experiment fixes it (paper 002's sets); '' the profile's test split
+
+_MODEL_HOW = "give a model folder (`save_pretrained`, or `hf download <hub id> --local-dir <folder>`)"
+_DATASET_HOW = ("give a DatasetDict saved with `save_to_disk`, or a download in the hub's layout "
+                "(`hf download --repo-type dataset <hub id> --local-dir <folder>`; `<folder>:<config>` picks a config)")
+
+def _dataset_source(task:str, value:str, experiment:str='')->Source:
+    "The source of task `task`'s dataset, with the way its catalog (papers 002, 003) says to provide it."
+    from fusion_nb.masking.imagenet_data import FileSource, PAPER002_SOURCES, PAPER003_SOURCES
+    cat = PAPER002_SOURCES if experiment[:1] == '2' else PAPER003_SOURCES
+    info = cat.get(task)
+    kind = 'file' if isinstance(info, FileSource) and task != 'cifar10' else 'dataset'
+    return Source(f'dataset.{task}', kind, value, info.how_to_save() if info else _DATASET_HOW, info.split if info and experiment[:1] == '2' else '')
+
+def _per_task(profile:Profile, kind:str, tasks)->dict[str, str]:
+    "Task → expert / dataset of other tasks than the profile's own (e.g. experiment 10's seven), from its keys."
+    raw, out = profile.raw, {}
+    for t in tasks:
+        v = raw.get(f'{kind}.{t}', '').strip() or raw.get(f'{kind}_template', '').strip().replace('{task}', t)
+        if v: out[t] = resolve_source(v, profile.root)
+    return out
+
+# %% ../../nbs/reproduce/90_profiles.ipynb #bccaa09c
+def _clip_sources(profile:Profile, tasks)->list[Source]:
+    experts, sets = _per_task(profile, 'expert', tasks), _per_task(profile, 'dataset', tasks)
+    return ([Source('pretrained', 'model', profile.pretrained, _MODEL_HOW)]
+            + [Source(f'expert.{t}', 'model', v, _MODEL_HOW) for t, v in experts.items()]
+            + [_dataset_source(t, v) for t, v in sets.items()])
+
+def _robust_sources(profile:Profile, experiment:str)->list[Source]:
+    from fusion_nb.robust.paper_data import EXPERIMENT_TASKS
+    from fusion_nb.robust.zoo import checkpoint_sources
+    out = []
+    for ds in ('cifar10', 'imagenet') if experiment[:2] == '20' else ('imagenet',):
+        for n, v in checkpoint_sources(profile.extra.get(f'robust_checkpoints_{ds}', ''), ds, profile.root).items():
+            out.append(Source(f'robust_checkpoints_{ds} {n}', 'file', v, "give a TorchScript file (images in [0, 1] → logits; "
+                              "fusion_nb.robust.zoo), read as it is"))
+    return out + [_dataset_source(t, v, experiment) for t, v in _per_task(profile, 'dataset', EXPERIMENT_TASKS[experiment[:2]]).items()]
+
+def _llava_sources(profile:Profile)->list[Source]:
+    from fusion_nb.llava.benchmarks import BENCHMARKS, parse_benchmark_specs
+    out = [Source('pretrained', 'model', profile.pretrained, _MODEL_HOW)]
+    for item in profile.extra.get('llava_finetunes', '').split():
+        name, _, v = item.partition('=')
+        out.append(Source(f'llava_finetunes {name}', 'model', resolve_source(v, profile.root), _MODEL_HOW))
+    for role in ('held_in', 'held_out'):
+        for name, loc in parse_benchmark_specs(profile.extra.get(f'llava_{role}', '')).items():
+            src = BENCHMARKS[name] if name in BENCHMARKS else None
+            v = resolve_source(loc, profile.root) if loc else (f'{src.hub_id}:{src.config}' if src.config else src.hub_id) if src else name
+            how = f"run `fusion_nb.llava.benchmarks.save_benchmark({name!r}, folder)` where the hub is reachable" + (f"; {src.note}" if src and src.note else '')
+            out.append(Source(f'llava_{role} {name}', 'dataset', v, how))
+    return out
+
+# %% ../../nbs/reproduce/90_profiles.ipynb #39ec69fe
+def experiment_sources(profile:Profile, # a loaded profile
+                       experiment:str, # an experiment notebook's stem, e.g. '10_neulig'
+                      )->list[Source]:
+    "What experiment `experiment` reads when run for `profile`."
+    from fusion_nb.tiny.tasks import NEULIG_TASKS
+    n = experiment[:2]
+    if n == '10': return _clip_sources(profile, NEULIG_TASKS)   # paper 001's seven tasks, whatever the profile's
+    if n in ('20', '21') and any(k.startswith('robust_checkpoints_') for k in profile.extra): return _robust_sources(profile, experiment)
+    if n == '40' and 'llava_held_in' in profile.extra: return _llava_sources(profile)
+    out = _clip_sources(profile, profile.tasks) if n[:1] in '03' else [Source('pretrained', 'model', profile.pretrained, _MODEL_HOW)]
+    if n == '31': out += [Source('soup_ingredients', 'model', resolve_source(v, profile.root), _MODEL_HOW)
+                          for v in profile.extra.get('soup_ingredients', '').split()]
+    return out
+
+def profile_sources(profile:Profile)->list[Source]:
+    "Every model, dataset and file the experiments of `profile` read, each once, in experiment order (no experiments found: its own)."
+    from fusion_nb.reproduce.runner import profile_experiments
+    try: names = profile_experiments(profile)
+    except FusionError: names = []
+    out = {}
+    for s in [s for n in (names or ['00']) for s in experiment_sources(profile, n)]: out.setdefault((s.kind, s.value), s)
+    return list(out.values())
+
+# %% ../../nbs/reproduce/90_profiles.ipynb #a40f244e
+def _file_cached(source:str, cache_dir=None)->bool:
+    from huggingface_hub import try_to_load_from_cache
+    repo, _, file = source.partition(':')
+    return isinstance(try_to_load_from_cache(repo, file or 'model.pt', cache_dir=cache_dir), str)
+
+def _local_there(s:Source)->bool:
+    from fusion_nb.pools import local_dataset
+    return (local_dataset(s.value)[0] if s.kind == 'dataset' else Path(s.value)).expanduser().exists()
+
+def source_problems(profile:Profile, # the profile about to run
+                    reachable:bool=True, # is the hub reachable? (False: hub sources must be in the local caches)
+                   )->list[str]:
+    "One line per source the profile's experiments read that is not there (a local path, or offline a hub id not cached), or not named."
+    cached = {'model': _model_cached, 'dataset': _dataset_cached, 'file': _file_cached}
+    out = [] if profile.extra.get('llava_finetunes', None) != '' else [
+        "llava_finetunes is empty: name the fine-tuned LLaVAs to merge (name=hub-id-or-path …; paper 004 does not publish them)"]
+    for s in profile_sources(profile):
+        if is_local(s.value):
+            if not _local_there(s): out.append(f"{s.key} = {s.value}: no such {'folder' if s.kind != 'file' else 'file or folder'}; {s.how}")
+        elif not reachable and not cached[s.kind](s.value):
+            out.append(f"{s.key} = {s.value}: hub {s.kind}, not in the local cache")
+    return out
+
 # %% ../../nbs/reproduce/90_profiles.ipynb #7a13f573
 def _model_cached(source:str, cache_dir=None)->bool:
     from huggingface_hub import snapshot_download
@@ -238,55 +351,59 @@ def _dataset_cached(source:str, cache_dir=None)->bool:
     folder = Path(cache_dir or config.HF_DATASETS_CACHE)/'___'.join(filter(None, [owner, camelcase_to_snakecase(ds)]))
     return any(Path(p).is_dir() for p in glob.glob(str(folder/(glob.escape(cfg) if cfg else '*')/'*'/'*')))
 
-def missing_from_cache(profile:Profile, # profile whose hub models and datasets to look for
+def missing_from_cache(profile:Profile, # profile whose hub models, datasets and files to look for
                        hub_cache:str|Path|None=None, # default: huggingface_hub's cache
                        datasets_cache:str|Path|None=None, # default: datasets' cache
                       )->list[str]:
-    "The profile's hub models and datasets that are not in the local caches (empty: it can run offline)."
-    src = profile.hub_sources()
-    return ([m for m in src['models'] if not _model_cached(m, hub_cache)] +
-            [f"dataset {d}" for d in src['datasets'] if not _dataset_cached(d, datasets_cache)])
+    "The hub models, datasets and files the profile's experiments read (`profile_sources`) that are not in the local caches (empty: it can run offline)."
+    hub = [s for s in profile_sources(profile) if not is_local(s.value)]
+    there = {'model': lambda v: _model_cached(v, hub_cache), 'dataset': lambda v: _dataset_cached(v, datasets_cache),
+             'file': lambda v: _file_cached(v, hub_cache)}
+    return ([s.value for s in hub if s.kind == 'model' and not there['model'](s.value)] +
+            [f"{k} {s.value}" for k in ('dataset', 'file') for s in hub if s.kind == k and not there[k](s.value)])
+
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #62f7194e
 def _hub_error(profile:Profile, missing:list[str])->FusionError:
-    shown = ', '.join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else '')
     why = 'HF_HUB_OFFLINE is set' if _env_true('HF_HUB_OFFLINE') else 'no answer from the hub within a few seconds'
     return FusionError(
         f"profile {profile.name!r} needs the Hugging Face Hub, which is not reachable here ({why}), and "
-        f"{len(missing)} of its models/datasets are not in the local cache ({shown}). Either run it on a machine "
-        f"with hub access (a GPU machine for the paper scale: `fusion-nb reproduce --profile {profile.name}`), or "
-        "fill the Hugging Face cache there first (run the profile once, or `hf download <model>` and load each "
-        "dataset once) and copy it (HF_HOME) here; with everything cached the profile runs offline. "
-        + _local_folders_note(profile) + "The offline default is `--profile tiny`.")
+        f"{len(missing)} of its models/datasets (everything its experiments read) are not available:\n  - " + "\n  - ".join(missing)
+        + f"\nEither run it on a machine with hub access (a GPU machine for the paper scale: `fusion-nb reproduce --profile {profile.name}`), "
+        "or fill the Hugging Face cache there first (run the profile once, or `hf download <model>` and load each dataset once) and "
+        "copy it (HF_HOME) here; with everything cached the profile runs offline. A local path no hub gives is provided as its line "
+        "says. The offline default is `--profile tiny`.")
 
-def _local_folders_note(profile:Profile)->str:
-    "The profile's local dataset folders that do not exist, and how they are written ('' when none is missing)."
-    absent = [f"dataset.{t} = {v}" for t, v in profile.datasets.items() if is_local(v) and not Path(v).expanduser().exists()]
-    if not absent: return ''
-    return (f"Its local dataset folder(s) are missing too ({', '.join(absent)}): no hub gives them; save each from its "
-            "distributed image folders first (paper 003's ImageNet-V2 and ObjectNet: "
-            "`fusion_nb.masking.imagenet_data.save_image_folders`, as settings.ini says above the profile; others: "
-            "`DatasetDict.save_to_disk` with `image` and a ClassLabel `label`). ")
+def _sources_error(profile:Profile, problems:list[str])->FusionError:
+    return FusionError(f"profile {profile.name!r} cannot run: {len(problems)} of the sources its experiments read are missing or "
+                       "unreadable:\n  - " + "\n  - ".join(problems))
+
+def _read_splits(profile:Profile)->dict[str, tuple[str, str]]:
+    "Task → (local dataset, the split its tables evaluate: `test_splits` task:split, else `test_split`)."
+    splits = dict(kv.split(':', 1) for kv in profile.extra.get('test_splits', '').split() if ':' in kv)
+    return {s.key.split('.', 1)[1]: (s.value, s.split or splits.get(s.key.split('.', 1)[1], profile.test_split)) for s in profile_sources(profile)
+            if s.kind == 'dataset' and s.key.startswith('dataset.') and is_local(s.value)}
 
 def prepare(profile:Profile, # the profile about to run
             build:bool=True, # run the profile's builder (`profile.build`) if set
             progress:bool=True, # progress bars while building
             log=print, # where notes go
            )->Profile:
-    "Get ready to run `profile`: fail fast without the hub or device it needs, go offline otherwise, build missing local data."
-    if profile.hub:
-        if not hub_reachable():
-            missing = missing_from_cache(profile)
-            if missing: raise _hub_error(profile, missing)
-            log(f"profile {profile.name!r}: the hub is not reachable; every model and dataset is cached, running offline")
-            os.environ['HF_HUB_OFFLINE'] = os.environ['HF_DATASETS_OFFLINE'] = '1'
-    else:
-        os.environ['HF_HUB_OFFLINE'] = os.environ['HF_DATASETS_OFFLINE'] = '1'
-    try: get_device(profile.device)   # `device = cuda` on a machine without one: now, not deep inside an experiment
+    "Get ready to run `profile`: the device, then every source its experiments read (all named at once), offline mode, built data."
+    try: get_device(profile.device)   # `device = cuda` on a machine without one: first, as a machine without a GPU runs nothing at paper scale
     except FusionError as e: raise FusionError(f"profile {profile.name!r}: {e}") from None
+    reachable = hub_reachable() if profile.hub else True
+    if profile.hub and (problems := source_problems(profile, reachable)):
+        raise _hub_error(profile, problems) if not reachable and any('not in the local cache' in p for p in problems) else _sources_error(profile, problems)
+    if profile.hub and not reachable: log(f"profile {profile.name!r}: the hub is not reachable; every model and dataset is cached, running offline")
+    if not (profile.hub and reachable): os.environ['HF_HUB_OFFLINE'] = os.environ['HF_DATASETS_OFFLINE'] = '1'
     if build and profile.build:
         from fusion_nb.tiny.build import build_benchmark  # the builder of the project's own data
         build_benchmark(scale=profile.build, root=profile.root, progress=progress)
+    elif not profile.build:   # every local dataset opened now, before any model work (the builder's own data needs no check)
+        from fusion_nb.pools import dataset_problems
+        if problems := (source_problems(profile) if not profile.hub else []) + dataset_problems(_read_splits(profile)):
+            raise _sources_error(profile, problems)
     return profile
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #3ae0dff4

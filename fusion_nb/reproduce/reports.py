@@ -17,7 +17,8 @@ import fusion_nb
 
 # %% auto #0
 __all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'method_task_table', 'to_markdown', 'save_table', 'save_records',
-           'save_figure', 'load_paper_values', 'paper_table', 'compare_with_paper', 'headline_numbers', 'write_report']
+           'save_figure', 'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'headline_numbers',
+           'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #614fe7f3
 def method_task_table(records:pd.DataFrame, # tidy records
@@ -143,6 +144,12 @@ def compare_with_paper(reproduced:pd.DataFrame, # wide table (rows = methods, co
     rep, pap = reproduced.loc[rows, cols].astype(float), reported.loc[rows, cols].astype(float)
     out = pd.concat({'reproduced': rep, 'reported': pap, 'difference': rep - pap}, axis=1).swaplevel(0, 1, axis=1)
     return out[[(c, k) for c in cols for k in _CMP]]
+
+# %% ../../nbs/reproduce/91_reports.ipynb #471837dd
+def paper_model(profile, # a Profile (or anything with `name` and `extra`)
+               )->str:
+    "The paper model a profile's results are compared with: its `paper_model` key, else its name."
+    return (getattr(profile, 'extra', {}) or {}).get('paper_model', '').strip() or profile.name
 
 # %% ../../nbs/reproduce/91_reports.ipynb #ca7cc476
 HEADLINE_ROWS = {  # experiment → rows of its table.csv whose `Avg.` heads REPORT.md

@@ -82,20 +82,13 @@ def standin_set(x, y, accepted=None, meta=None)->EvalSet:
     return EvalSet(x, y, acc, [[i] for i in range(k)], meta if meta is not None else pd.DataFrame(index=range(len(y))))
 
 # %% ../../nbs/robust/55_paper_data.ipynb #bf4c2de1
-def read_split(source:str, # hub id[:config] or a save_to_disk folder
+def read_split(source:str, # hub id[:config], a save_to_disk folder or a download in the hub's layout (`path:config`)
                split:str, task:str)->'datasets.Dataset':
-    "One split of a paper-002 set, its image column named `image`, schema-checked."
-    from datasets import load_from_disk
-    from fusion_nb.pools import _hub_split
-    if is_local_source(source):
-        path = Path(source).expanduser()
-        if not path.exists(): raise FusionError(f"{task}: no dataset folder at {source}: {PAPER002_SOURCES[task].how_to_save() if task in PAPER002_SOURCES else ''}")
-        dd = load_from_disk(str(path))
-        if split not in dd: raise FusionError(f"{task}: {source} has no split {split!r}; it has {', '.join(dd)}")
-        ds = dd[split]
-    else: ds = _hub_split(source, split, task)
-    if 'image' not in ds.column_names and 'img' in ds.column_names: ds = ds.rename_column('img', 'image')
-    return check_schema(ds, task)
+    "One split of a paper-002 set as `fusion_nb.pools.load_split` reads it: CIFAR-10's `img` as `image`, ImageNet-R/A's WordNet ids as labels."
+    from fusion_nb.pools import load_split, local_dataset
+    if is_local_source(source) and not local_dataset(source)[0].exists():
+        raise FusionError(f"{task}: no dataset folder at {source}: {PAPER002_SOURCES[task].how_to_save() if task in PAPER002_SOURCES else ''}")
+    return load_split(source, split, task)
 
 def sample_rows(n_rows:int, n:int, seed:int=0)->np.ndarray:
     "Which rows of a set of `n_rows` to evaluate: all in order when n ≥ n_rows, else a seeded random `n`, sorted."
