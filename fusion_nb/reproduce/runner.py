@@ -18,10 +18,10 @@ import fusion_nb
 # %% auto #0
 __all__ = ['BACKENDS', 'experiments_dir', 'list_experiments', 'experiment_title', 'select_experiments', 'notebook_parameters',
            'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache', 'second_backbone_sources',
-           'data_fingerprint', 'experiment_inputs', 'why_rerun', 'kernel_threads', 'recorded_failures',
-           'experiment_paths', 'run_reason', 'record_failure', 'run_experiment', 'ray_module', 'run_local',
-           'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'profile_experiments', 'reproduce',
-           'sweep_points', 'point_name', 'merge_sweep', 'sweep', 'main']
+           'data_fingerprint', 'experiment_inputs', 'why_rerun', 'foreign_files', 'check_owned', 'kernel_threads',
+           'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure', 'run_experiment', 'ray_module',
+           'run_local', 'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'profile_experiments',
+           'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep', 'main']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #217cbc0a
 def experiments_dir(root:str|Path|None=None)->Path:
@@ -177,6 +177,25 @@ def why_rerun(out:Path, # the experiment's output folder
     if edited: return f"outputs changed since the runner wrote them ({', '.join(edited[:3])}{' ...' if len(edited) > 3 else ''})"
     return None
 
+def foreign_files(out:Path, # an experiment's output folder
+                 )->list[str]:
+    "What lies in `out` that the runner did not write (not `inputs.json` nor one of the outputs it lists); Jupyter's checkpoints aside."
+    if not out.is_dir(): return []
+    try: recorded = json.loads((out/'inputs.json').read_text())
+    except (OSError, ValueError): recorded = {}
+    if isinstance(recorded, dict) and 'hash' in recorded and 'outputs' not in recorded: return []   # an older runner's record
+    owned = {'inputs.json', *(recorded.get('outputs') or {} if isinstance(recorded, dict) else {})}
+    found = [p.relative_to(out).as_posix() for p in sorted(out.rglob('*')) if '.ipynb_checkpoints' not in p.relative_to(out).parts
+             and (not p.is_dir() or p.is_symlink() or not any(p.iterdir()))]   # files, links and empty folders
+    return [f for f in found if f not in owned]
+
+def check_owned(out:Path, label:str)->None:
+    "Refuse to replace output folder `out` while it holds something the runner did not write (replacing it would delete that)."
+    if not (foreign := foreign_files(out)): return
+    raise FusionError(f"[{label}] {out} holds {len(foreign)} file(s) the runner did not write ({', '.join(foreign[:5])}"
+                      f"{' ...' if len(foreign) > 5 else ''}); a rerun replaces that folder whole, which would delete them. "
+                      "Move them out of it (the runner owns outputs/<profile>/<experiment>/: it keeps nothing else there)")
+
 
 def kernel_threads()->int:
     "Torch threads an experiment's kernel computes with: \`OMP_NUM_THREADS\` if set, else torch's default here (same machine)."
@@ -240,6 +259,7 @@ def run_experiment(name:str, # experiment (notebook stem)
     if why is None:
         log(f"[{label}] up to date (inputs and outputs unchanged; --force reruns it)")
         return 'skipped'
+    check_owned(out, label)   # before hours of work, not after
     log(f"[{label}] running for profile {profile.name!r} ({why}) ...")
     t0 = time.time()
     try:
@@ -405,6 +425,7 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
     names = profile_experiments(prof, only)
     if not names: raise FusionError(f"no experiment notebooks in {experiments_dir(prof.root)}")
     for n in names: experiment_parameters(experiments_dir(prof.root)/f'{n}.ipynb', prof)
+    for n in names: check_owned(experiment_paths(n, prof, output_root)[1], n)   # nothing runs while a folder holds a user's file
     pdir = writable_profile_dir(output_root or prof.root/'outputs', prof.name)
     prepare(prof, progress=progress, log=log)
     status = run_jobs({n: {'name': n} for n in names}, prof, output_root, force, progress, log, backend, address)
@@ -499,6 +520,7 @@ def sweep(notebook:str, # the experiment: name, unique prefix or notebook path
     for p in points.values(): experiment_parameters(nb, prof, p)
     sdir = writable_profile_dir(Path(output_root or prof.root/'outputs')/SWEEPS, prof.name)/name
     sdir.mkdir(exist_ok=True); remove_stale_temps(sdir)
+    for folder in points: check_owned(sdir/folder, folder)
     prepare(prof, progress=progress, log=log)
     jobs = {folder: {'name': name, 'overrides': p, 'folder': sdir/folder} for folder, p in points.items()}
     status = run_jobs(jobs, prof, output_root, force, progress, log, backend, address)
