@@ -16,12 +16,13 @@ from .reports import write_report
 import fusion_nb
 
 # %% auto #0
-__all__ = ['BACKENDS', 'experiments_dir', 'list_experiments', 'experiment_title', 'select_experiments', 'notebook_parameters',
-           'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache', 'second_backbone_sources',
-           'data_fingerprint', 'experiment_inputs', 'why_rerun', 'foreign_files', 'check_owned', 'kernel_threads',
-           'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure', 'run_experiment', 'ray_module',
-           'run_local', 'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'profile_experiments',
-           'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep', 'main']
+__all__ = ['BACKENDS', 'experiments_dir', 'list_experiments', 'read_notebook', 'experiment_title', 'select_experiments',
+           'notebook_parameters', 'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache',
+           'second_backbone_sources', 'data_fingerprint', 'experiment_inputs', 'why_rerun', 'foreign_files',
+           'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
+           'run_experiment', 'ray_module', 'run_local', 'run_on_ray', 'run_jobs', 'check_backend',
+           'writable_profile_dir', 'profile_experiments', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep',
+           'sweep', 'main']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #217cbc0a
 def experiments_dir(root:str|Path|None=None)->Path:
@@ -33,9 +34,19 @@ def list_experiments(root:str|Path|None=None)->list[str]:
     d = experiments_dir(root)
     return sorted(p.stem for p in d.glob('*.ipynb') if not p.name.startswith(('_', '.'))) if d.exists() else []
 
+def read_notebook(nb_path:str|Path)->dict:
+    "An experiment notebook's JSON; a FusionError naming the file when it is not a notebook (empty, truncated, not JSON)."
+    try:
+        nb = json.loads(Path(nb_path).read_text(encoding='utf-8'))
+        if not isinstance(nb, dict) or not isinstance(nb.get('cells'), list): raise ValueError('no list of cells')
+    except (OSError, ValueError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise FusionError(f"experiment notebook {nb_path} is not a readable notebook ({type(e).__name__}: {e}); "
+                          "fix it, or move it out of nbs/experiments") from None
+    return nb
+
 def experiment_title(nb_path:str|Path)->str:
     "The title of an experiment notebook: its first `# heading`."
-    for c in json.loads(Path(nb_path).read_text())['cells']:
+    for c in read_notebook(nb_path)['cells']:
         if c['cell_type'] == 'markdown':
             src = ''.join(c['source']).lstrip()
             return src.splitlines()[0].lstrip('#').strip() if src.startswith('# ') else ''
@@ -64,6 +75,7 @@ def select_experiments(names:Sequence[str], # the available experiments
 def notebook_parameters(path:str|Path)->dict:
     "Parameters declared in the notebook's `parameters` cell (papermill's inspection)."
     import papermill
+    read_notebook(path)   # a broken notebook is named, not a raw traceback from papermill
     return papermill.inspect_notebook(str(path))
 
 def experiment_parameters(nb_path:str|Path, # the experiment notebook
@@ -87,7 +99,7 @@ def _sha(obj)->str: return hashlib.sha256(json.dumps(obj, sort_keys=True, defaul
 
 def notebook_hash(nb_path:str|Path)->str:
     "Hash of a notebook's cells (type and source; outputs, ids and metadata do not count)."
-    return _sha([(c['cell_type'], ''.join(c['source'])) for c in json.loads(Path(nb_path).read_text())['cells']])
+    return _sha([(c['cell_type'], ''.join(c['source'])) for c in read_notebook(nb_path)['cells']])
 
 def package_hash(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
                 )->str:
@@ -592,7 +604,10 @@ def _list()->None:
         except FusionError as e: d = f"(invalid: {e})"
         print(f"  {n:<16} {d}")
     print(f"experiments ({experiments_dir(root)}, run in this order):")
-    for n in list_experiments(root): print(f"  {n:<28} {experiment_title(experiments_dir(root)/f'{n}.ipynb')}")
+    for n in list_experiments(root):
+        try: title = experiment_title(experiments_dir(root)/f'{n}.ipynb')
+        except FusionError as e: title = f"(unreadable: {e})"   # listed, named; reproduce refuses it
+        print(f"  {n:<28} {title}")
 
 def main(argv:Sequence[str]|None=None)->int:
     "Entry point of the `fusion-nb` console script; returns the exit status."
@@ -615,3 +630,7 @@ def main(argv:Sequence[str]|None=None)->int:
               f"({', '.join(str(pdir/f'{n}.failed.ipynb') for n in failed)}) and {pdir/'REPORT.md'}", file=sys.stderr)
         return 1
     return 0
+
+# %% ../../nbs/reproduce/92_runner.ipynb #cfb125f5
+if __name__ == '__main__' and '__file__' in globals(): raise SystemExit(main())   # not when a notebook kernel runs this cell
+
