@@ -320,9 +320,15 @@ def save_state_dict(state_dict:Mapping, # any state dict, lazy or not
                     path:str|Path, # the .safetensors file to write
                     metadata:dict|None=None, # str → str metadata stored in the header
                    )->Path:
-    "Write `state_dict` to one safetensors file atomically."
+    "Write `state_dict` to one safetensors file atomically; NaN or Inf in a tensor is refused (nothing written)."
     from safetensors.torch import save as st_bytes
-    data = st_bytes(_tensors(state_dict), metadata={'format': 'pt', **(metadata or {})})
+    tensors = _tensors(state_dict)
+    for k, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            from .core import NonFiniteError
+            raise NonFiniteError(f"cannot save {str(path)!r}: tensor {k!r} holds {int(t.isnan().sum())} NaN and "
+                                 f"{int(t.isinf().sum())} Inf value(s)")
+    data = st_bytes(tensors, metadata={'format': 'pt', **(metadata or {})})
     with atomic_write(path, 'wb') as f: f.write(data)
     return Path(path)
 

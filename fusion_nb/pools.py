@@ -121,9 +121,14 @@ def load_split(source:str, # local folder (`save_to_disk`, or the hub's layout, 
         state = path/split/'state.json'
         if state.exists() and json.loads(state.read_text()).get('_data_files') == []:
             raise FusionError(f"dataset of task {task!r}: split {split!r} of {source!r} is empty (0 examples)")
-        try: return done(Dataset.load_from_disk(str(path/split)))
+        try: ds = Dataset.load_from_disk(str(path/split))
         except FileNotFoundError as e:
             raise FusionError(f"dataset of task {task!r}: split {split!r} of {source!r} is incomplete ({e})") from None
+        except (OSError, ValueError) as e:   # a truncated or corrupt .arrow file: pyarrow names no file
+            raise FusionError(f"dataset of task {task!r}: split {split!r} of {source!r} cannot be read: one of its files "
+                              f"({', '.join(sorted(p.name for p in (path/split).glob('*.arrow')))}) is truncated or corrupt "
+                              f"({type(e).__name__}: {e}); save the dataset again") from None
+        return done(ds)
     raise FusionError(f"dataset of task {task!r} at {source!r} is a single Dataset without splits; "
                       f"save a DatasetDict with a {split!r} split")
 

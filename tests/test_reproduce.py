@@ -98,7 +98,7 @@ def test_skip_if_unchanged_and_rerun_on_change(project, monkeypatch):
     assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped'}
     monkeypatch.setattr(fusion_nb.reproduce.runner, 'package_hash', lambda: 'other code')
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # the package's sources changed
-    (project/'outputs'/'demo'/'01_flaky'/'table.md').unlink(); (project/'outputs'/'demo'/'01_flaky'/'inputs.json').unlink()
+    (project/'outputs'/'demo'/'01_flaky'/'table.md').unlink()
     assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'ok'}  # outputs gone: rerun
 
 def test_failure_is_isolated_and_keeps_previous_outputs(project):
@@ -249,8 +249,27 @@ def test_outputs_written_outside_the_runner_are_not_trusted(project):
     status, log = run(project)
     assert status == {'00_ok': 'ok', '01_flaky': 'skipped'} and 'outputs changed since the runner wrote them (results.csv)' in log
     assert res.read_text() == 'batch_size\n8\n'
-    (project/'outputs'/'demo'/'00_ok'/'extra.md').write_text('| 5 samples |\n')   # a file the runner did not write
-    assert run(project)[0]['00_ok'] == 'ok' and not (project/'outputs'/'demo'/'00_ok'/'extra.md').exists()
+    (project/'outputs'/'demo'/'00_ok'/'extra.md').write_text('| 5 samples |\n')   # a file the runner did not write: refused, kept
+    with pytest.raises(FusionError, match=r"holds 1 file\(s\) the runner did not write \(extra.md\)"): run(project)
+    assert (project/'outputs'/'demo'/'00_ok'/'extra.md').read_text() == '| 5 samples |\n'
+
+def test_a_file_the_runner_did_not_write_is_never_deleted(project):
+    "Issue 26, item 2: a user's file in an experiment's folder stops a plain or forced run before anything runs; nothing is deleted."
+    run(project)
+    out = project/'outputs'/'demo'/'00_ok'
+    before = (project/'outputs'/'demo'/'01_flaky'/'inputs.json').read_text()
+    (out/'my_notes.md').write_text('mine'); (out/'sub').mkdir(); (out/'sub'/'x.txt').write_text('x'); (out/'empty').mkdir()
+    for force in (False, True):
+        with pytest.raises(FusionError, match=r"\[00_ok\] .*00_ok holds 3 file\(s\) the runner did not write \(empty, my_notes.md, sub/x.txt\)"):
+            run(project, force=force)
+        assert (out/'my_notes.md').read_text() == 'mine' and (out/'sub'/'x.txt').read_text() == 'x' and (out/'empty').is_dir()
+    assert (project/'outputs'/'demo'/'01_flaky'/'inputs.json').read_text() == before   # nothing ran
+    r = cli(project, 'reproduce', '--profile', 'demo', '--no-progress', '--force', '--only', '00')
+    assert r.returncode == 2 and 'my_notes.md' in r.stderr and 'Traceback' not in r.stderr and (out/'my_notes.md').exists()
+    for f in ('my_notes.md', 'sub/x.txt', 'sub', 'empty'): (out/f).unlink() if (out/f).is_file() else (out/f).rmdir()
+    (out/'.ipynb_checkpoints').mkdir(); (out/'.ipynb_checkpoints'/'run-checkpoint.ipynb').write_text('{}')   # Jupyter's, of run.ipynb
+    assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped'}
+    assert run(project, force=True)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
 
 def test_local_data_counts_by_content(project):
     "Same size, mtime put back; two experts swapped; a deleted file: each changes the inputs."

@@ -51,6 +51,7 @@ def check_pool(experts:Mapping|Sequence, # name → model, or a sequence of mode
                max_experts:int|None=None, # most experts the method accepts (None: no limit)
               )->dict[str, Mapping[str, Tensor]]:
     "Normalise `experts` to a `name → state dict` dict; raise `HyperparameterError` if its size does not fit `method`."
+    if experts is None: raise HyperparameterError(f"{method}: experts is None; pass the models to merge, e.g. {{'task': state_dict}}")
     if isinstance(experts, nn.Module): experts = [experts]
     if isinstance(experts, Mapping) and experts and all(isinstance(v, torch.Tensor) for v in experts.values()):
         raise TypeError(f"{method}: `experts` looks like a single state dict; pass a dict of models, e.g. {{'task': state_dict}}")
@@ -100,7 +101,10 @@ def check_models(pretrained:Mapping|None, # θ₀ (or None)
     "Check that the pretrained model (if any) and every expert share keys, shapes and dtypes (headers only)."
     models = dict(experts)
     if pretrained is not None: pretrained = as_state_dict(pretrained, 'pretrained')
-    if pretrained is not None: models = {('pretrained' if 'pretrained' not in experts else '_pretrained_'): pretrained, **models}
+    if pretrained is not None:   # under a name no expert has: experts named 'pretrained' and '_pretrained_' must not replace it
+        pname = 'pretrained' if 'pretrained' not in experts else 'θ₀ (the pretrained model)'
+        while pname in experts: pname = f'_{pname}_'
+        models = {pname: pretrained, **models}
     check_compatible(models, check_finite=False)
 
 def _aliases(t:Tensor, inputs)->bool:

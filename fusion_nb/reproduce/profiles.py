@@ -15,10 +15,10 @@ import torch
 from ..core import FusionError, UnknownNameError, get_device, get_dtype, project_root
 
 # %% auto #0
-__all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'PAPER_KEYS', 'SCRATCH', 'SWEEPS', 'Profile', 'is_local',
-           'resolve_source', 'settings_path', 'list_profiles', 'declared_parameters', 'check_keys', 'load_profile',
-           'hub_reachable', 'Source', 'experiment_sources', 'profile_sources', 'source_problems', 'missing_from_cache',
-           'prepare', 'resolved_revisions']
+__all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'PAPER_KEYS', 'SCRATCH', 'SWEEPS', 'BUDGET_RANGES',
+           'Profile', 'is_local', 'resolve_source', 'settings_path', 'list_profiles', 'declared_parameters',
+           'check_keys', 'check_budgets', 'load_profile', 'hub_reachable', 'Source', 'experiment_sources',
+           'profile_sources', 'source_problems', 'missing_from_cache', 'prepare', 'resolved_revisions']
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #fc87d834
 @dataclass
@@ -106,8 +106,11 @@ def _read(settings:str|Path|None)->tuple[configparser.ConfigParser, Path]:
     try: cp.read(path, encoding='utf-8')
     except configparser.Error as e: raise FusionError(f"cannot parse {path}: {e}") from None
     except UnicodeDecodeError as e:
-        line = path.read_bytes()[:e.start].count(b'\n') + 1
-        raise FusionError(f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} on line {line}; "
+        data = path.read_bytes()
+        try: data.decode('utf-8')
+        except UnicodeDecodeError as whole: e = whole   # its offsets count from the file's start, configparser's from a chunk's
+        line = data[:e.start].count(b'\n') + 1
+        raise FusionError(f"{path} is not UTF-8 text: byte 0x{data[e.start]:02x} on line {line}; "
                           "save the file as UTF-8") from None
     except OSError as e: raise FusionError(f"cannot read {path}: {e.strerror or e}") from None
     for reserved, what in ((SCRATCH, 'notebook runs made outside the runner'), (SWEEPS, 'the points of `fusion-nb sweep`')):
@@ -144,6 +147,24 @@ def check_keys(name:str, raw:dict, path:Path, root:Path)->None:
                           + f". Known keys: {', '.join(sorted(_KNOWN | BUDGET_KEYS | BACKBONE_KEYS | PAPER_KEYS))}, expert.<task>, dataset.<task>, "
                           "and the parameters the experiment notebooks declare")
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #594e0472
+# budget key → (type, allowed interval): those of the method hyperparameters each key sets (MergeMethod.budgets)
+BUDGET_RANGES = {**dict.fromkeys(('fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_batch_size', 'neulig_batch_size'), (int, '[1, inf)')),
+                 **dict.fromkeys(('adamerging_steps', 'concrete_ta_steps', 'concrete_lw_steps', 'wemoe_steps', 'neulig_steps'), (int, '[0, inf)')),
+                 **dict.fromkeys(('adamerging_lr', 'concrete_lr', 'wemoe_lr', 'neulig_lr'), (float, '(0, inf)'))}
+
+def check_budgets(name:str, raw:dict, path:Path)->None:
+    "Fail on a budget key of profile `name` whose value is not a number of its type in its interval, naming file, profile and key."
+    for key, (kind, interval) in BUDGET_RANGES.items():
+        if key not in raw: continue
+        lo = float(interval[1:].split(',')[0])
+        try: v = kind(raw[key].strip())
+        except ValueError: v = None
+        if v is None or v != v or (v < lo if interval[0] == '[' else v <= lo):
+            raise FusionError(f"profile {name!r} in {path}: {key} = {raw[key]!r} is invalid: expected "
+                              f"{'an integer' if kind is int else 'a number'} in {interval} (a budget of the learned merge methods)")
+
+
 # %% ../../nbs/reproduce/90_profiles.ipynb #09787c7c
 def _parse(name:str, raw:dict, root:Path)->dict:
     "Typed, checked profile fields from the raw strings of section `name`."
@@ -179,6 +200,9 @@ def _parse(name:str, raw:dict, root:Path)->dict:
     except FusionError as e: raise bad('dtype', str(e)) from None
     def per_task(kind):
         out, template = {}, raw.get(f'{kind}_template', '').strip()
+        sharing = [t for t in tasks if not raw.get(f'{kind}.{t}', '').strip()]
+        if template and '{task}' not in template and len(sharing) > 1:   # every task would get the same model or dataset
+            raise bad(f'{kind}_template', f"it has no {{task}}, so tasks {', '.join(sharing)} would all get the same {kind}")
         for t in tasks:
             v = raw.get(f'{kind}.{t}', '').strip() or template.replace('{task}', t)
             if v: out[t] = resolve_source(v, root)
@@ -202,6 +226,7 @@ def load_profile(name:str|None=None, # profile (section of settings.ini); defaul
                 for k, v in overrides.items() if v is not None})
     root = path.resolve().parent
     check_keys(name, raw, path, root)
+    check_budgets(name, raw, path)
     extra = {k: v for k, v in raw.items() if k not in _KNOWN and not k.startswith(('expert.', 'dataset.'))}
     return Profile(name=name, root=root, extra=extra, raw=raw, **_parse(name, raw, root))
 

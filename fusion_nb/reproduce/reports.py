@@ -62,7 +62,8 @@ def to_markdown(df:pd.DataFrame, floatfmt:str='.1f')->str:
     "A GitHub markdown table of `df` (index included; two-level labels joined; comparisons compacted)."
     if _is_comparison(df): df = _compact(df, floatfmt)
     df = df.copy(); df.index, df.columns = _flat(df.index), _flat(df.columns)
-    return df.to_markdown(floatfmt=floatfmt)
+    df = df.astype(object).where(df.notna(), None)   # a cell that does not apply: the papers' dash, not `nan` (the .csv keeps NaN)
+    return df.to_markdown(floatfmt=floatfmt, missingval='–')
 
 def save_table(df:pd.DataFrame, # table to save
                out_dir:str|Path, # folder

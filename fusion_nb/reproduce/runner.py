@@ -16,12 +16,13 @@ from .reports import write_report
 import fusion_nb
 
 # %% auto #0
-__all__ = ['BACKENDS', 'experiments_dir', 'list_experiments', 'experiment_title', 'select_experiments', 'notebook_parameters',
-           'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache', 'second_backbone_sources',
-           'data_fingerprint', 'experiment_inputs', 'why_rerun', 'kernel_threads', 'recorded_failures',
-           'experiment_paths', 'run_reason', 'record_failure', 'run_experiment', 'ray_module', 'run_local',
-           'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'profile_experiments', 'reproduce',
-           'sweep_points', 'point_name', 'merge_sweep', 'sweep', 'main']
+__all__ = ['BACKENDS', 'experiments_dir', 'list_experiments', 'read_notebook', 'experiment_title', 'select_experiments',
+           'notebook_parameters', 'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache',
+           'second_backbone_sources', 'data_fingerprint', 'experiment_inputs', 'why_rerun', 'foreign_files',
+           'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
+           'run_experiment', 'ray_module', 'run_local', 'run_on_ray', 'run_jobs', 'check_backend',
+           'writable_profile_dir', 'profile_experiments', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep',
+           'sweep', 'main']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #217cbc0a
 def experiments_dir(root:str|Path|None=None)->Path:
@@ -33,9 +34,19 @@ def list_experiments(root:str|Path|None=None)->list[str]:
     d = experiments_dir(root)
     return sorted(p.stem for p in d.glob('*.ipynb') if not p.name.startswith(('_', '.'))) if d.exists() else []
 
+def read_notebook(nb_path:str|Path)->dict:
+    "An experiment notebook's JSON; a FusionError naming the file when it is not a notebook (empty, truncated, not JSON)."
+    try:
+        nb = json.loads(Path(nb_path).read_text(encoding='utf-8'))
+        if not isinstance(nb, dict) or not isinstance(nb.get('cells'), list): raise ValueError('no list of cells')
+    except (OSError, ValueError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise FusionError(f"experiment notebook {nb_path} is not a readable notebook ({type(e).__name__}: {e}); "
+                          "fix it, or move it out of nbs/experiments") from None
+    return nb
+
 def experiment_title(nb_path:str|Path)->str:
     "The title of an experiment notebook: its first `# heading`."
-    for c in json.loads(Path(nb_path).read_text())['cells']:
+    for c in read_notebook(nb_path)['cells']:
         if c['cell_type'] == 'markdown':
             src = ''.join(c['source']).lstrip()
             return src.splitlines()[0].lstrip('#').strip() if src.startswith('# ') else ''
@@ -64,6 +75,7 @@ def select_experiments(names:Sequence[str], # the available experiments
 def notebook_parameters(path:str|Path)->dict:
     "Parameters declared in the notebook's `parameters` cell (papermill's inspection)."
     import papermill
+    read_notebook(path)   # a broken notebook is named, not a raw traceback from papermill
     return papermill.inspect_notebook(str(path))
 
 def experiment_parameters(nb_path:str|Path, # the experiment notebook
@@ -87,7 +99,7 @@ def _sha(obj)->str: return hashlib.sha256(json.dumps(obj, sort_keys=True, defaul
 
 def notebook_hash(nb_path:str|Path)->str:
     "Hash of a notebook's cells (type and source; outputs, ids and metadata do not count)."
-    return _sha([(c['cell_type'], ''.join(c['source'])) for c in json.loads(Path(nb_path).read_text())['cells']])
+    return _sha([(c['cell_type'], ''.join(c['source'])) for c in read_notebook(nb_path)['cells']])
 
 def package_hash(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
                 )->str:
@@ -177,6 +189,25 @@ def why_rerun(out:Path, # the experiment's output folder
     if edited: return f"outputs changed since the runner wrote them ({', '.join(edited[:3])}{' ...' if len(edited) > 3 else ''})"
     return None
 
+def foreign_files(out:Path, # an experiment's output folder
+                 )->list[str]:
+    "What lies in `out` that the runner did not write (not `inputs.json` nor one of the outputs it lists); Jupyter's checkpoints aside."
+    if not out.is_dir(): return []
+    try: recorded = json.loads((out/'inputs.json').read_text())
+    except (OSError, ValueError): recorded = {}
+    if isinstance(recorded, dict) and 'hash' in recorded and 'outputs' not in recorded: return []   # an older runner's record
+    owned = {'inputs.json', *(recorded.get('outputs') or {} if isinstance(recorded, dict) else {})}
+    found = [p.relative_to(out).as_posix() for p in sorted(out.rglob('*')) if '.ipynb_checkpoints' not in p.relative_to(out).parts
+             and (not p.is_dir() or p.is_symlink() or not any(p.iterdir()))]   # files, links and empty folders
+    return [f for f in found if f not in owned]
+
+def check_owned(out:Path, label:str)->None:
+    "Refuse to replace output folder `out` while it holds something the runner did not write (replacing it would delete that)."
+    if not (foreign := foreign_files(out)): return
+    raise FusionError(f"[{label}] {out} holds {len(foreign)} file(s) the runner did not write ({', '.join(foreign[:5])}"
+                      f"{' ...' if len(foreign) > 5 else ''}); a rerun replaces that folder whole, which would delete them. "
+                      "Move them out of it (the runner owns outputs/<profile>/<experiment>/: it keeps nothing else there)")
+
 
 def kernel_threads()->int:
     "Torch threads an experiment's kernel computes with: \`OMP_NUM_THREADS\` if set, else torch's default here (same machine)."
@@ -240,6 +271,7 @@ def run_experiment(name:str, # experiment (notebook stem)
     if why is None:
         log(f"[{label}] up to date (inputs and outputs unchanged; --force reruns it)")
         return 'skipped'
+    check_owned(out, label)   # before hours of work, not after
     log(f"[{label}] running for profile {profile.name!r} ({why}) ...")
     t0 = time.time()
     try:
@@ -405,6 +437,7 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
     names = profile_experiments(prof, only)
     if not names: raise FusionError(f"no experiment notebooks in {experiments_dir(prof.root)}")
     for n in names: experiment_parameters(experiments_dir(prof.root)/f'{n}.ipynb', prof)
+    for n in names: check_owned(experiment_paths(n, prof, output_root)[1], n)   # nothing runs while a folder holds a user's file
     prepare(prof, progress=progress, log=log)   # before outputs/<profile>/ exists: a failed check leaves nothing behind
     pdir = writable_profile_dir(output_root or prof.root/'outputs', prof.name)
     status = run_jobs({n: {'name': n} for n in names}, prof, output_root, force, progress, log, backend, address)
@@ -499,6 +532,7 @@ def sweep(notebook:str, # the experiment: name, unique prefix or notebook path
     for p in points.values(): experiment_parameters(nb, prof, p)
     sdir = writable_profile_dir(Path(output_root or prof.root/'outputs')/SWEEPS, prof.name)/name
     sdir.mkdir(exist_ok=True); remove_stale_temps(sdir)
+    for folder in points: check_owned(sdir/folder, folder)
     prepare(prof, progress=progress, log=log)
     jobs = {folder: {'name': name, 'overrides': p, 'folder': sdir/folder} for folder, p in points.items()}
     status = run_jobs(jobs, prof, output_root, force, progress, log, backend, address)
@@ -571,7 +605,10 @@ def _list()->None:
         except FusionError as e: d = f"(invalid: {e})"
         print(f"  {n:<16} {d}")
     print(f"experiments ({experiments_dir(root)}, run in this order):")
-    for n in list_experiments(root): print(f"  {n:<28} {experiment_title(experiments_dir(root)/f'{n}.ipynb')}")
+    for n in list_experiments(root):
+        try: title = experiment_title(experiments_dir(root)/f'{n}.ipynb')
+        except FusionError as e: title = f"(unreadable: {e})"   # listed, named; reproduce refuses it
+        print(f"  {n:<28} {title}")
 
 def main(argv:Sequence[str]|None=None)->int:
     "Entry point of the `fusion-nb` console script; returns the exit status."
@@ -594,3 +631,7 @@ def main(argv:Sequence[str]|None=None)->int:
               f"({', '.join(str(pdir/f'{n}.failed.ipynb') for n in failed)}) and {pdir/'REPORT.md'}", file=sys.stderr)
         return 1
     return 0
+
+# %% ../../nbs/reproduce/92_runner.ipynb #cfb125f5
+if __name__ == '__main__' and '__file__' in globals(): raise SystemExit(main())   # not when a notebook kernel runs this cell
+
