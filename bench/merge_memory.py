@@ -7,7 +7,9 @@ its own subprocess, so its peak memory is its own. Measured, in the same run:
 
 - probe:       read every tensor of every checkpoint once (LazyStateDict) and sum it — the floor;
 - baseline:    load all nine models fully into memory, then merge with task arithmetic in memory;
-- task_arithmetic, ties_tensor, ties_model: the library's streaming merges (fusion_nb.merge).
+- task_arithmetic, ties_tensor, ties_model: the library's streaming merges (fusion_nb.merge);
+- any other declared method named with --methods, run with its `papers['sota']` settings (issue 28's rows); a method
+  that merges at most m experts (nuslerp: 2) gets the first m.
 
 Peak *anonymous* memory is RssAnon from /proc/self/status (file-backed pages of memory-mapped
 safetensors do not count: the kernel can drop them at will). Linux keeps no high-water mark of RssAnon
@@ -23,8 +25,8 @@ probe's time.
     python bench/merge_memory.py            # full ViT-B/32 scale (≈3.2 GB of checkpoints in a temp folder)
     python bench/merge_memory.py --small    # a tiny config, for a quick smoke run
     python bench/merge_memory.py --keep /tmp/b32 --repeat 3   # keep the checkpoints; best time of 3 runs each
-    python bench/merge_memory.py --methods tsv_merging iso_c emr_merging   # the probe and these declared methods only
-                                    # (a task-conditional method's peak includes building one task's model, .for_task)
+    python bench/merge_memory.py --methods breadcrumbs sce pcb_merging   # also these declared methods (their sota rows' settings;
+                                    # a task-conditional method's peak includes building one task's model, .for_task)
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, threading, time
 from pathlib import Path
@@ -72,7 +74,7 @@ def measure(folder: Path, what: str):
     import torch
     torch.set_num_threads(2)
     from fusion_nb.checkpoints import vision_state_dict
-    from fusion_nb.merge import task_arithmetic, ties_merging
+    from fusion_nb.merge import MERGE_METHODS, task_arithmetic, ties_merging
     pre = vision_state_dict(folder/'pretrained')
     experts = {n: vision_state_dict(folder/n) for n in EXPERTS}
     model_bytes = pre.nbytes()
@@ -88,11 +90,12 @@ def measure(folder: Path, what: str):
         elif what == 'task_arithmetic': merged = task_arithmetic(pre, experts, scaling_factor=0.3, progress=False)
         elif what == 'ties_tensor': merged = ties_merging(pre, experts, trim_scope='tensor', progress=False)
         elif what == 'ties_model': merged = ties_merging(pre, experts, trim_scope='model', progress=False)
-        else:  # --methods: a declared method by name, with BENCH_HP's changes
-            from fusion_nb.merge import merge, MERGE_METHODS
-            if what not in MERGE_METHODS: raise SystemExit(f'unknown measurement {what!r}')
-            merged = merge(what, pre, experts, progress=False, **BENCH_HP.get(what, {}))
+        elif what in MERGE_METHODS:   # --methods: a declared method with its sota row's settings, changed by BENCH_HP
+            m = MERGE_METHODS[what]
+            hp = {**m.papers.get('sota', {}), **BENCH_HP.get(what, {})}
+            merged = m(pre, dict(list(experts.items())[:m.max_experts or len(experts)]), progress=False, **hp)
             if hasattr(merged, 'for_task'): one = merged.for_task(EXPERTS[0])  # task-conditional: one task's model too
+        else: raise SystemExit(f'unknown measurement {what!r}')
     print(json.dumps({'what': what, 'seconds': time.perf_counter() - t0, 'peak_bytes': s.peak - start, 'model_bytes': model_bytes, 'model_params': pre.numel()}), flush=True)
 
 def main():
@@ -100,10 +103,14 @@ def main():
     ap.add_argument('--small', action='store_true', help='a tiny config: a smoke run in seconds')
     ap.add_argument('--keep', metavar='DIR', help='build/keep the checkpoints in DIR (reused if present)')
     ap.add_argument('--repeat', type=int, default=1, help='run each measurement N times: best time, worst peak')
-    ap.add_argument('--methods', nargs='+', metavar='NAME', help='measure the probe and these declared merge methods only')
+    ap.add_argument('--methods', nargs='*', default=[], metavar='NAME', help="also measure these declared methods (their papers['sota'] settings)")
     ap.add_argument('--measure', nargs=2, metavar=('DIR', 'WHAT'), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.measure: return measure(Path(a.measure[0]), a.measure[1])
+    if a.methods:
+        from fusion_nb.merge import MERGE_METHODS
+        bad = [n for n in a.methods if n not in MERGE_METHODS]
+        if bad: raise SystemExit(f"unknown merge method(s) {bad}; see fusion_nb.merge.methods_table()")
     folder = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix='merge_memory_'))
     try:
         cfg = SMALL if a.small else B32
@@ -114,7 +121,7 @@ def main():
         warm_cache(folder)
         results = {}
         for rep in range(max(1, a.repeat)):
-            for what in ['probe', *a.methods] if a.methods else ['probe', 'baseline', 'task_arithmetic', 'ties_tensor', 'ties_model']:
+            for what in ['probe', 'baseline', 'task_arithmetic', 'ties_tensor', 'ties_model', *a.methods]:
                 out = subprocess.run([sys.executable, __file__, '--measure', str(folder), what], capture_output=True, text=True)
                 if out.returncode: print(out.stderr[-2000:]); raise SystemExit(f'{what} failed')
                 r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -131,12 +138,10 @@ def main():
             print(f"{what:18s} {r['seconds']:8.2f} {r['seconds'] / results['probe']['seconds']:8.2f} {r['peak_bytes'] / 1e9:16.3f} {r['peak_bytes'] / mb:12.2f}")
         print()
         if a.small: print('(--small: fixed overheads dominate at this size; the goals below are judged at ViT-B/32 scale only)')
-        if a.methods:
-            for what in a.methods:
-                if what in BENCH_HP: print(f"{what} ran with {BENCH_HP[what]}: its peak is the method's, its time is not")
-            return 0
+        for what in a.methods:
+            if what in BENCH_HP: print(f"{what} ran with {BENCH_HP[what]}: its peak is the method's, its time is not")
         ok = True
-        for what in ['task_arithmetic', 'ties_tensor', 'ties_model']:
+        for what in ['task_arithmetic', 'ties_tensor', 'ties_model', *a.methods]:
             ratio = results[what]['peak_bytes'] / mb; ok &= ratio < 3
             print(f"goal: {what} peak < 3x one model: {ratio:.2f}x  {'PASS' if ratio < 3 else 'FAIL'}")
         tr = results['task_arithmetic']['seconds'] / results['probe']['seconds']; ok &= tr <= 4

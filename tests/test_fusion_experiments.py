@@ -46,6 +46,26 @@ def test_eight_task_table_every_row(micro, tmp_path):
     assert acc.loc['moe', P.tasks].tolist() == pytest.approx(table.loc['Weight-Ensembling MoE', P.tasks].tolist())
     curves = pd.read_csv(out/'learning_curves.csv')
     assert curves.groupby('method').size().loc['Layer-wise AdaMerging'] == 3   # micro: adamerging_steps = 3
+    check_beyond_block(out, P, models, tasks, pre, experts)
+
+def check_beyond_block(out, P, models, tasks, pre, experts):
+    "The 'beyond paper 000' block: every sota row once (task-conditional ones apart, marked †), published numbers beside, one row re-evaluated."
+    from fusion_nb.merge import MERGE_METHODS
+    from fusion_nb.methods.sota import load_sota_values, sota_rows
+    single = pd.read_csv(out/'table_beyond.csv', index_col=0)
+    cond = out/'table_beyond_task_conditional.csv'
+    cond = pd.read_csv(cond, index_col=0) if cond.exists() else single.iloc[:0]
+    assert all(i.endswith(' †') for i in cond.index) and not any(i.endswith(' †') for i in single.index)
+    labels = [*single.index[2:], *(i[:-2] for i in cond.index)]
+    assert list(single.index[:2]) == ['Task Arithmetic', 'Ties-Merging']   # the reference rows, from the main table
+    assert sorted(labels) == sorted(ROW_LABELS[r] for r in sota_rows(len(P.tasks)))
+    pub = load_sota_values().drop_duplicates('method').set_index('method')['value']
+    for m, v in pub.items():
+        if m in MERGE_METHODS and ROW_LABELS[m] in single.index: assert single.loc[ROW_LABELS[m], 'published Avg.'] == pytest.approx(v)
+    m = MERGE_METHODS['consensus_ta']
+    got = evaluate({'x': m(pre, experts, progress=False, **m.papers['sota'])}, models, tasks, batch_size=P.batch_size, seed=P.seed, progress=False)
+    acc = got[got.metric == 'accuracy'].groupby('task')['value'].mean() * 100
+    assert single.loc['Consensus TA', 'Avg.'] == pytest.approx(acc[P.tasks].mean())
 
 def test_generalization_splits(micro, tmp_path):
     out = run_nb(tmp_path, '05_generalization', '-p', 'rows', 'task_arithmetic layer_wise_adamerging')

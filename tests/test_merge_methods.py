@@ -511,6 +511,19 @@ CALLS = {
     'weighted_average': lambda p, e: weighted_average(p, e, weights=[0.5, 0.7, -0.2], progress=False),
     'slerp': lambda p, e: slerp(p, dict(list(e.items())[:2]), progress=False),
     'wise_ft': lambda p, e: wise_ft(p, dict(list(e.items())[:1]), progress=False),
+    # beyond paper 000 (issue 28)
+    'breadcrumbs': lambda p, e: MERGE_METHODS['breadcrumbs'](p, e, density=0.5, progress=False),
+    'breadcrumbs_ties': lambda p, e: MERGE_METHODS['breadcrumbs_ties'](p, e, density=0.5, progress=False),
+    'dare_linear': lambda p, e: MERGE_METHODS['dare_linear'](p, e, density=0.5, progress=False),
+    'della_linear': lambda p, e: MERGE_METHODS['della_linear'](p, e, density=0.5, progress=False),
+    'sce': lambda p, e: MERGE_METHODS['sce'](p, e, select_topk=0.5, progress=False),
+    'nuslerp': lambda p, e: MERGE_METHODS['nuslerp'](p, dict(list(e.items())[:2]), progress=False),
+    'multislerp': lambda p, e: MERGE_METHODS['multislerp'](p, e, progress=False),
+    'karcher': lambda p, e: MERGE_METHODS['karcher'](p, e, progress=False),
+    'consensus_ta': lambda p, e: MERGE_METHODS['consensus_ta'](p, e, progress=False),
+    'consensus_ties': lambda p, e: MERGE_METHODS['consensus_ties'](p, e, progress=False),
+    'pcb_model': lambda p, e: MERGE_METHODS['pcb_merging'](p, e, progress=False),
+    'pcb_tensor': lambda p, e: MERGE_METHODS['pcb_merging'](p, e, scope='tensor', progress=False),
 }
 
 
@@ -519,7 +532,7 @@ def test_streaming_holds_one_tensor_per_model(name):
     pre, ex = make_pool(3, seed=15)
     cp, ce = Counting(pre), {n: Counting(e) for n, e in ex.items()}
     res = CALLS[name](cp, ce)
-    used = ce if name not in ('slerp', 'wise_ft') else dict(list(ce.items())[:2 if name == 'slerp' else 1])
+    used = dict(list(ce.items())[:{'slerp': 2, 'nuslerp': 2, 'wise_ft': 1}.get(name, len(ce))])
     assert cp.peak <= 1 and all(c.peak <= 1 for c in used.values()), (cp.peak, [c.peak for c in used.values()])
     # and the merge equals the one computed from the plain dicts
     close(res, vec(CALLS[name](pre, ex)), tol=1e-6)
