@@ -141,7 +141,7 @@ soup_grid_search = declare(MergeMethod(
     fuse=_soup_grid_search, needs_pretrained=False, positional=('evaluate_fn',), papers={'002': {}}))
 
 
-# %% ../../nbs/methods/21_soups.ipynb #9e06e61f
+# %% ../../nbs/methods/21_soups.ipynb #b3d6257c
 linear = declare(MergeMethod(
     'linear', 'Linear (mergekit)', "mergekit's `linear`: θ = Σᵢ wᵢ θᵢ / Σᵢ wᵢ (its `normalize: true` default).", 'training-free',
     hypers={'weights': Hyper(None, 'wᵢ per expert (dict by name or list in pool order); None: 1/n each', "mergekit's linear", float, per_expert=True),
