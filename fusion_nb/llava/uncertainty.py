@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageEnhance, ImageOps
 
 from ..core import FusionError, HyperparameterError, UnknownNameError, check_range
 
@@ -67,12 +67,16 @@ def option_prompt(item:OptionItem, extra:Sequence[str]=EXTRA_OPTIONS)->str:
     return '\n'.join([item.question, *lines, ANSWER_PROMPT])
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #6a24f464
-_BINS = 11  # torchvision AugMix: _PARAMETER_MAX + 1
+_BINS = 10  # torchvision AugMix: forward() calls _augmentation_space(self._PARAMETER_MAX = 10, …)
+_ENHANCE = {'brightness': ImageEnhance.Brightness, 'color': ImageEnhance.Color, 'contrast': ImageEnhance.Contrast,
+            'sharpness': ImageEnhance.Sharpness}  # torchvision: adjust_brightness / saturation / contrast / sharpness(1 + m)
 def _magnitude(op:str, level:int, size:tuple[int, int])->float:
-    "torchvision AugMix's magnitude of `op` at bin `level` (0 … 10) for an image of `size` (w, h)."
-    span = {'shear_x': 0.3, 'shear_y': 0.3, 'translate_x': size[0] / 3, 'translate_y': size[1] / 3, 'rotate': 30.}
+    "torchvision AugMix's magnitude of `op` at bin `level` (0 … 9) for an image of `size` (w, h)."
+    span = {'shear_x': 0.3, 'shear_y': 0.3, 'translate_x': size[0] / 3, 'translate_y': size[1] / 3, 'rotate': 30.,
+            **{k: 0.9 for k in _ENHANCE}}
     if op in span: return span[op] * level / (_BINS - 1)
     if op == 'posterize': return 4 - round(level / ((_BINS - 1) / 4))  # bits kept
+    if op == 'solarize': return 255. * (1 - level / (_BINS - 1))  # threshold
     return 0.
 
 def augment_op(img:Image.Image, # RGB image
@@ -80,16 +84,20 @@ def augment_op(img:Image.Image, # RGB image
                magnitude:float, # shear factor, shift in pixels, degrees, or bits kept (posterize)
               )->Image.Image:
     "One AugMix operation, with PIL."
-    if op == 'shear_x': return img.transform(img.size, Image.AFFINE, (1, magnitude, 0, 0, 1, 0), Image.NEAREST)
-    if op == 'shear_y': return img.transform(img.size, Image.AFFINE, (1, 0, 0, magnitude, 1, 0), Image.NEAREST)
-    if op == 'translate_x': return img.transform(img.size, Image.AFFINE, (1, 0, magnitude, 0, 1, 0), Image.NEAREST)
-    if op == 'translate_y': return img.transform(img.size, Image.AFFINE, (1, 0, 0, 0, 1, magnitude), Image.NEAREST)
-    if op == 'rotate': return img.rotate(magnitude, Image.NEAREST)
+    if op == 'shear_x': return img.transform(img.size, Image.AFFINE, (1, magnitude, 0, 0, 1, 0), Image.BILINEAR)
+    if op == 'shear_y': return img.transform(img.size, Image.AFFINE, (1, 0, 0, magnitude, 1, 0), Image.BILINEAR)
+    if op == 'translate_x': return img.transform(img.size, Image.AFFINE, (1, 0, int(magnitude), 0, 1, 0), Image.BILINEAR)
+    if op == 'translate_y': return img.transform(img.size, Image.AFFINE, (1, 0, 0, 0, 1, int(magnitude)), Image.BILINEAR)
+    if op == 'rotate': return img.rotate(magnitude, Image.BILINEAR)
     if op == 'equalize': return ImageOps.equalize(img)
+    if op == 'autocontrast': return ImageOps.autocontrast(img)
     if op == 'posterize': return ImageOps.posterize(img, int(magnitude))
+    if op == 'solarize': return ImageOps.solarize(img, magnitude)
+    if op in _ENHANCE: return _ENHANCE[op](img).enhance(1 + magnitude)
     raise UnknownNameError(f"unknown image operation {op!r}. Known: {', '.join(AUGMIX_OPS)}")
 
-AUGMIX_OPS = ('shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate', 'equalize', 'posterize')  # §3.3
+AUGMIX_OPS = ('shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate', 'posterize', 'solarize', 'autocontrast',
+              'equalize', 'brightness', 'color', 'contrast', 'sharpness')  # torchvision's AugMix, all_ops=True (the last four)
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #41772f06
 def augmix_combine(clean:np.ndarray, # the clean image, float
@@ -101,20 +109,21 @@ def augmix_combine(clean:np.ndarray, # the clean image, float
     mix = sum(w * c for w, c in zip(chain_weights, chains))
     return clean_weight * clean + (1 - clean_weight) * mix
 
-_SIGNED = {'shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate'}  # ops whose magnitude gets a random sign
+_SIGNED = {'shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate', 'brightness', 'color', 'contrast', 'sharpness'}  # random sign (torchvision's `signed`)
 
 def augmix(img:Image.Image, # the image to perturb
            rng:np.random.Generator, # source of every random choice
            severity:int=3, width:int=3, depth:int=-1, alpha:float=1., # torchvision AugMix defaults (App. B.2)
+           all_ops:bool=True, # torchvision's default: the four colour operations too
           )->Image.Image:
-    "AugMix over the operations of §3.3: `width` random chains of `depth` (−1: 1–3) operations, mixed with the clean image."
-    img = img.convert('RGB')
+    "torchvision's AugMix with PIL: `width` random chains of `depth` (−1: 1–3) operations, mixed with the clean image."
+    img, ops = img.convert('RGB'), AUGMIX_OPS if all_ops else AUGMIX_OPS[:-4]
     ws, m = rng.dirichlet([alpha] * width), rng.beta(alpha, alpha)
     chains = []
     for _ in range(width):
         aug = img
         for _ in range(depth if depth > 0 else int(rng.integers(1, 4))):
-            op = AUGMIX_OPS[int(rng.integers(len(AUGMIX_OPS)))]
+            op = ops[int(rng.integers(len(ops)))]
             mag = _magnitude(op, int(rng.integers(severity)), img.size)
             aug = augment_op(aug, op, -mag if op in _SIGNED and rng.random() < .5 else mag)
         chains.append(np.asarray(aug, np.float32))
