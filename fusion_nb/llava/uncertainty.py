@@ -8,7 +8,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/uncertainty.html.md"""
 from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,7 +22,7 @@ __all__ = ['ANSWER_PROMPT', 'EXTRA_OPTIONS', 'LETTERS', 'AUGMIX_OPS', 'SYSTEM_PR
            'DEFAULT_J', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options', 'option_prompt',
            'augment_op', 'augmix_combine', 'augmix', 'option_messages', 'attention_layers', 'attention_dropout',
            'letter_ids', 'letter_probs', 'check_perturbations', 'perturbed_inputs', 'item_uncertainty', 'clean_answers',
-           'answer_accuracy', 'UQReport', 'model_uncertainty', 'option_items']
+           'answer_accuracy', 'UQReport', 'model_uncertainty', 'held_in_uncertainty', 'as_held_in', 'option_items']
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #8146fda7
 def entropy(p:torch.Tensor, # probabilities along the last dimension
@@ -275,6 +275,35 @@ def model_uncertainty(model, processor, # a LLaVA and its processor
     freq = torch.tensor(df.prediction.value_counts(normalize=True).values, dtype=torch.float64)
     return UQReport(float(df.uncertainty.mean()), float(df.correct[labelled].mean()) if labelled.any() else float('nan'),
                     float(entropy(freq)), df)
+
+# %% ../../nbs/llava/61_uncertainty.ipynb #450c6ef5
+def held_in_uncertainty(model, processor, # a LLaVA and its processor
+                        sets:Mapping[str, Sequence[OptionItem]]|Sequence[OptionItem], # held-in set name → questions (a plain list: one set)
+                        *,
+                        J:int=DEFAULT_J, perturbations:Sequence[str]=PERTURBATIONS, dropout:float=ATTENTION_DROPOUT, seed:int=0,
+                        repeats:int=1, # runs averaged per set (App. A.1: 3), seeds seed, seed + 1, …
+                        batch_size:int=16,
+                       )->dict[str, float]:
+    "UQ̄(M) as paper 004 reports it: per set the mean over its questions and runs, then the mean over sets (and per-set entries)."
+    sets = as_held_in(sets)
+    if not isinstance(repeats, int) or repeats < 1: raise HyperparameterError(f"repeats={repeats!r} is out of range: an integer ≥ 1")
+    out, preds = {}, []
+    for name, items in sets.items():
+        runs = [model_uncertainty(model, processor, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed + r,
+                                  batch_size=batch_size) for r in range(repeats)]
+        out[f'uncertainty:{name}'] = float(np.mean([r.uncertainty for r in runs]))
+        out[f'accuracy:{name}'] = runs[0].accuracy; preds += runs[0].items.prediction.tolist()
+    accs = [out[f'accuracy:{n}'] for n in sets if not np.isnan(out[f'accuracy:{n}'])]
+    freq = torch.tensor(pd.Series(preds).value_counts(normalize=True).values, dtype=torch.float64)
+    return {'uncertainty': float(np.mean([out[f'uncertainty:{n}'] for n in sets])), 'accuracy': float(np.mean(accs)) if accs else float('nan'),
+            'answer_entropy': float(entropy(freq)), **out}
+
+def as_held_in(sets)->dict[str, list[OptionItem]]:
+    "Held-in sets as a name → questions dict (a plain sequence of questions is one set, 'held_in'); every set non-empty."
+    sets = dict(sets) if isinstance(sets, Mapping) else {'held_in': list(sets)}
+    empty = [n for n, its in sets.items() if not len(its)]
+    if not sets or empty: raise HyperparameterError(f"held-in sets must each hold questions; empty: {empty or 'no set at all'}")
+    return {n: list(its) for n, its in sets.items()}
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #6b3212ed
 def option_items(task:str, # a stand-in task of fusion_nb.tiny.tasks
