@@ -276,7 +276,7 @@ def model_uncertainty(model, processor, # a LLaVA and its processor
     return UQReport(float(df.uncertainty.mean()), float(df.correct[labelled].mean()) if labelled.any() else float('nan'),
                     float(entropy(freq)), df)
 
-# %% ../../nbs/llava/61_uncertainty.ipynb #450c6ef5
+# %% ../../nbs/llava/61_uncertainty.ipynb #d6f30a15
 def held_in_uncertainty(model, processor, # a LLaVA and its processor
                         sets:Mapping[str, Sequence[OptionItem]]|Sequence[OptionItem], # held-in set name → questions (a plain list: one set)
                         *,
