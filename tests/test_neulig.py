@@ -208,3 +208,24 @@ def test_transfer_portland_keeps_coopvecs_and_merges_the_other_experts(micro):
         assert (got - CoopClassifier(src, heads, 'colors', 'merge')(x)).abs().max() > 1e-4
     with pytest.raises(IncompatibleModelsError, match='trained for experts'):
         transfer_portland(src, NeuLigModel(micro['pre'], {'colors': others['colors'], 'shapes': others['shapes']}, mp.config))
+
+
+# ---------------------------------------------------------------- Table s8 on the A halves (issue 25, item 7)
+
+def test_portland_sees_only_the_given_training_rows(micro):
+    "train_portland(subsets=...) draws its visible data from those rows only (Table s8: model-A's half), no other row."
+    from fusion_nb.neulig.neulig import visible_split, train_portland
+    task = micro['tasks']['colors']
+    full = task.load(split='train')
+    rows = list(range(0, len(full), 2))   # every other row, as a half would be
+    vis = visible_split(task, 1.0, 0, rows)
+    assert len(vis) == len(rows) and vis['label'] == [full[i]['label'] for i in rows]
+    half = visible_split(task, 0.5, 0, rows)
+    assert len(half) == round(len(rows) / 2)
+    by_image = {full[i]['image'].tobytes(): i for i in range(len(full))}
+    assert {by_image[im.tobytes()] for im in half['image']} <= set(rows)
+    m = _model(micro, perturb=False)
+    info = train_portland(m, micro['data'], steps=1, batch_size=2, progress=False, subsets={t: rows if t == 'colors' else [0, 1] for t in m.names})
+    assert info['visible'] == {t: len(rows) if t == 'colors' else 2 for t in m.names}
+    with pytest.raises(Exception, match='subsets has no training rows'): train_portland(m, micro['data'], steps=1, progress=False, subsets={'colors': rows})
+    with pytest.raises(Exception, match='must be rows 0'): visible_split(task, 1.0, 0, [len(full)])
