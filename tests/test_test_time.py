@@ -181,6 +181,9 @@ def test_we_moe_accuracy_same_at_eval_batch_1_and_64(micro):
         return r.set_index('metric').value.to_dict()
     one, sixty_four = run(1), run(64)
     assert one['accuracy'] == sixty_four['accuracy']
+    import copy   # experiment 04's labelled leaky row evaluates a deep copy switched to batch routing; the original stays per-sample
+    leaky = copy.deepcopy(moe).set_routing('batch')
+    assert leaky.we_moe_info['routing'] == 'batch' and all(l.mlp.routing == 'sample' for l in _layers(moe))
     assert one['loss'] == pytest.approx(sixty_four['loss'], rel=1e-5)
     assert moe.set_routing('batch') is moe and all(l.mlp.routing == 'batch' for l in _layers(moe))
     one_b, sixty_four_b = run(1), run(64)
