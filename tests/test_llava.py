@@ -276,8 +276,8 @@ def test_uq_bar_is_the_mean_of_per_set_means_over_repeats(pool, tmp_path):
     sets = {'small': option_items('gtsrb', n=1), 'large': option_items('eurosat', n=3, seed=1)}
     res = uq_merge({'e1': experts['e1']}, sets, tmp_path/'out', J=2, perturbations=('image', 'text'), repeats=2)
     model, proc = load_llava(experts['e1'])
-    per = {n: sum(model_uncertainty(model, proc, its, J=2, perturbations=('image', 'text'), seed=s).uncertainty for s in (0, 1)) / 2
-           for n, its in sets.items()}
+    per = {n: sum(model_uncertainty(model, proc, its, J=2, perturbations=('image', 'text'), seed=s, first_index=f).uncertainty for s in (0, 1)) / 2
+           for (n, its), f in zip(sets.items(), [0, 1])}   # item indices run on across the sets (one question, one draw)
     pooled = sum(model_uncertainty(model, proc, [*sets['small'], *sets['large']], J=2, perturbations=('image', 'text'), seed=s).uncertainty
                  for s in (0, 1)) / 2
     got = res.models.set_index('model').loc['e1']

@@ -59,7 +59,9 @@ def test_uq_merge_keeps_the_lowest_uncertainty_step_and_it_recomputes(run):
     order = models[models.run == 'uq_merge'].model.tolist()
     assert order == summary['order'] and models[models.run == 'uq_merge'].uncertainty.is_monotonic_decreasing
     merged = load_llava(merge_llava('linear', {n: root/n for n in summary['selected']}, run.parent/'check'))
-    per_set = [model_uncertainty(*merged, its, J=int(P.extra['llava_passes']), seed=P.seed).uncertainty for its in held_in.values()]
+    firsts = [sum(len(v) for v in list(held_in.values())[:i]) for i in range(len(held_in))]   # item indices run on across the sets
+    per_set = [model_uncertainty(*merged, its, J=int(P.extra['llava_passes']), seed=P.seed, first_index=f).uncertainty
+               for its, f in zip(held_in.values(), firsts)]
     assert sum(per_set) / len(per_set) == pytest.approx(sel.uncertainty, abs=1e-6)   # UQ̄: the mean of the held-in sets' means
     t11 = pd.read_csv(run/'table11.csv', index_col=0)
     assert t11[str(int(sel.step))].tolist() == pytest.approx(per_set, abs=1e-6)
@@ -82,7 +84,9 @@ def test_table7_repeats_recompute(run):
     name = sorted(manifest['variants'])[0]
     model, proc = load_llava(root/name)
     got = rep[(rep.model == name) & (rep.repeat == 1)].set_index('dataset').uncertainty
-    per_set = {d: model_uncertainty(model, proc, its, J=int(P.extra['llava_passes']), seed=1).uncertainty for d, its in held_in.items()}
+    firsts = [sum(len(v) for v in list(held_in.values())[:i]) for i in range(len(held_in))]
+    per_set = {d: model_uncertainty(model, proc, its, J=int(P.extra['llava_passes']), seed=1, first_index=f).uncertainty
+               for (d, its), f in zip(held_in.items(), firsts)}
     for d, u in per_set.items(): assert got[d] == pytest.approx(u, abs=1e-9), d
     assert got['average'] == pytest.approx(sum(per_set.values()) / len(per_set), abs=1e-9)   # the mean over sets, not over questions
     # the value UQ-Merge sorted by is the mean of the three repeats (App. A.1)

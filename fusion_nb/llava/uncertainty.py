@@ -263,11 +263,12 @@ def model_uncertainty(model, processor, # a LLaVA and its processor
                       *,
                       J:int=DEFAULT_J, perturbations:Sequence[str]=PERTURBATIONS, dropout:float=ATTENTION_DROPOUT, seed:int=0,
                       batch_size:int=16, # clean questions per forward pass
+                      first_index:int=0, # the draws of item i depend on (seed, first_index + i): sets measured apart draw as one list would
                      )->UQReport:
     "UQ̄(M): eq. (1) averaged over `items`, with the accuracy of the clean answers."
     if not items: raise HyperparameterError("model_uncertainty needs at least one item")
     check_perturbations(perturbations, J)
-    us = [item_uncertainty(model, processor, it, J=J, perturbations=perturbations, dropout=dropout, seed=seed, index=i)[0]
+    us = [item_uncertainty(model, processor, it, J=J, perturbations=perturbations, dropout=dropout, seed=seed, index=first_index + i)[0]
           for i, it in enumerate(items)]
     df = pd.DataFrame(dict(uncertainty=us, answer=[it.answer for it in items], prediction=clean_answers(model, processor, items, batch_size)))
     labelled = df.answer.notna()
@@ -287,10 +288,11 @@ def held_in_uncertainty(model, processor, # a LLaVA and its processor
     "UQ̄(M) as paper 004 reports it: per set the mean over its questions and runs, then the mean over sets (and per-set entries)."
     sets = as_held_in(sets)
     if not isinstance(repeats, int) or repeats < 1: raise HyperparameterError(f"repeats={repeats!r} is out of range: an integer ≥ 1")
-    out, preds = {}, []
-    for name, items in sets.items():
+    out, preds, first = {}, [], 0
+    for name, items in sets.items():   # item indices run on across sets: every question its own draws, as in one list
         runs = [model_uncertainty(model, processor, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed + r,
-                                  batch_size=batch_size) for r in range(repeats)]
+                                  batch_size=batch_size, first_index=first) for r in range(repeats)]
+        first += len(items)
         out[f'uncertainty:{name}'] = float(np.mean([r.uncertainty for r in runs]))
         out[f'accuracy:{name}'] = runs[0].accuracy; preds += runs[0].items.prediction.tolist()
     accs = [out[f'accuracy:{n}'] for n in sets if not np.isnan(out[f'accuracy:{n}'])]

@@ -276,7 +276,7 @@ def consistency_table(records:pd.DataFrame, # tidy: a row column, task, level (m
     out.columns = pd.MultiIndex.from_tuples(out.columns, names=['task', ''])
     return out.reindex(list(dict.fromkeys(acc[row])))
 
-# %% ../../nbs/neulig/71_neulig.ipynb #8d62d6d8
+# %% ../../nbs/neulig/71_neulig.ipynb #d08c7f54
 def improvements(avg:pd.DataFrame, # rows × ('Mer.', 'Ens.', 'Gap'): the tables' Avg. block
                  rows:Sequence[str], # the rows to annotate (NeuLig's)
                  baselines:Sequence[str], # the rows they are compared with (NaN cells ignored)
