@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """WE-MoE at evaluation: routing each sample on its own (the library) vs averaging the routing weights over
-the batch (the code before issue 11, and FusionBench's adaptation-time behaviour left on at test time).
+the batch (`routing='batch'`: the code before issue 11, and FusionBench's evaluation, whose MoE layers never read the
+`batch_reduce = False` its algorithm sets after adaptation).
 
 The same routers are evaluated both ways on every task's test split, task by task (as the tables do), with
 the profile's evaluation batch size. Then the leak itself: each task's test images are evaluated in batches
@@ -26,19 +27,16 @@ from fusion_nb.pools import ModelPool, TaskPool, PRETRAINED
 from fusion_nb.evaluation import image_loader
 from fusion_nb.methods.data import MergeData
 from fusion_nb.methods.rows import fusion_settings
-from fusion_nb.methods.we_moe import WeightEnsemblingMLP
 from fusion_nb.merge import merge
 
 
 @contextlib.contextmanager
 def batch_averaged(model):
-    "Route with weights averaged over the batch (the former evaluation) while the rest of the model stays in eval mode."
-    mlps = [m for m in model.modules() if isinstance(m, WeightEnsemblingMLP)]
-    old = [(m.training, m.batch_reduce) for m in mlps]
-    for m in mlps: m.training, m.batch_reduce = True, True   # only the MLPs: their forward reads `batch_reduce and training`
+    "FusionBench's evaluation protocol, the library's labelled option routing='batch': routing averaged over each batch."
+    old = model.we_moe_info.get('routing', 'sample')
+    model.set_routing('batch')
     try: yield model
-    finally:
-        for m, (t, b) in zip(mlps, old): m.training, m.batch_reduce = t, b
+    finally: model.set_routing(old)
 
 
 @torch.no_grad()

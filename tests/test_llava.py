@@ -266,3 +266,37 @@ def test_narrow_variant_is_over_confident_by_construction(tmp_path):
     assert rep.uncertainty < 0.01 and max(per_pass) < 0.1, (rep.uncertainty, per_pass)
     clean, proc = load_llava(tmp_path/'zoo'/'svhn')   # the clean variant of the same short budget is unsure, not confident
     assert min(float(entropy(item_uncertainty(clean, proc, it, J=3, index=i)[1].double()).mean()) for i, it in enumerate(items)) > 1
+
+
+# ---- issue 25 items 1-2, 5 and issue 26 item 3 ----
+
+def test_uq_bar_is_the_mean_of_per_set_means_over_repeats(pool, tmp_path):
+    "Held-in sets of unequal size: the models' UQ̄ = mean over sets of (mean over 2 runs of the set's mean), by hand from model_uncertainty."
+    base, experts = pool
+    sets = {'small': option_items('gtsrb', n=1), 'large': option_items('eurosat', n=3, seed=1)}
+    res = uq_merge({'e1': experts['e1']}, sets, tmp_path/'out', J=2, perturbations=('image', 'text'), repeats=2)
+    model, proc = load_llava(experts['e1'])
+    per = {n: sum(model_uncertainty(model, proc, its, J=2, perturbations=('image', 'text'), seed=s, first_index=f).uncertainty for s in (0, 1)) / 2
+           for (n, its), f in zip(sets.items(), [0, 1])}   # item indices run on across the sets (one question, one draw)
+    pooled = sum(model_uncertainty(model, proc, [*sets['small'], *sets['large']], J=2, perturbations=('image', 'text'), seed=s).uncertainty
+                 for s in (0, 1)) / 2
+    got = res.models.set_index('model').loc['e1']
+    assert got.uncertainty == pytest.approx((per['small'] + per['large']) / 2, abs=1e-9)
+    assert abs(got.uncertainty - pooled) > 1e-6   # the pooled mean (before the fix) is another number
+    assert json.loads((tmp_path/'out'/'uq_merge.json').read_text())['held_in'] == {'small': 1, 'large': 3}
+
+def test_uq_merge_never_deletes_a_users_files_in_out_dir_merged(pool, tmp_path):
+    base, experts = pool
+    items = option_items('gtsrb', n=2)
+    mine = tmp_path/'a'/'merged'; (mine/'sub').mkdir(parents=True); (mine/'notes.txt').write_text('keep me')
+    with pytest.raises(HyperparameterError, match='is not a merged LLaVA that uq_merge wrote'):
+        uq_merge({'e1': experts['e1']}, items, tmp_path/'a', J=2, repeats=1)
+    assert (mine/'notes.txt').read_text() == 'keep me' and (mine/'sub').is_dir()
+    ours = tmp_path/'b'
+    uq_merge({'e1': experts['e1']}, items, ours, J=2, repeats=1)
+    uq_merge({'e1': experts['e1']}, items, ours, J=2, repeats=1)   # our own previous merge is replaced
+    (ours/'merged'/'notes.txt').write_text('keep me')
+    with pytest.raises(HyperparameterError, match=r"merged/notes.txt, which uq_merge did not write"):
+        uq_merge({'e1': experts['e1']}, items, ours, J=2, repeats=1)
+    assert (ours/'merged'/'notes.txt').read_text() == 'keep me'
+    assert not list(ours.glob('.steps-*'))   # the scratch steps are cleaned up after a refusal too

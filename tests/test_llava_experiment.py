@@ -33,7 +33,8 @@ def micro_setup():
     return P, root, manifest, held_in, held_out
 
 def test_tables_have_the_papers_shape(run):
-    for n in ['table1', 'table2', 'table3', 'table4', 'table5', 'table6', 'table7', 'figure3', 'results', 'uq_merge_steps', 'models']:
+    for n in ['table1', 'table2', 'table3', 'table4', 'table5', 'table6', 'table7', 'table10', 'table11', 'table12', 'figure3', 'figure3_ci',
+              'results', 'uq_merge_steps', 'models']:
         assert any((run/f'{n}.{ext}').exists() for ext in ['csv', 'png']), n
     t1, t2 = pd.read_csv(run/'table1.csv', index_col=0), pd.read_csv(run/'table2.csv', index_col=0)
     rows = [ROW_LABELS[m] for m in METHODS] + ['UQ-Merge (ours)', 'Base (all tasks)']
@@ -57,10 +58,13 @@ def test_uq_merge_keeps_the_lowest_uncertainty_step_and_it_recomputes(run):
     models = pd.read_csv(run/'models.csv')
     order = models[models.run == 'uq_merge'].model.tolist()
     assert order == summary['order'] and models[models.run == 'uq_merge'].uncertainty.is_monotonic_decreasing
-    merged = merge_llava('linear', {n: root/n for n in summary['selected']}, run.parent/'check')
-    items = [it for its in held_in.values() for it in its]
-    u = model_uncertainty(*load_llava(merged), items, J=int(P.extra['llava_passes']), seed=P.seed).uncertainty
-    assert u == pytest.approx(sel.uncertainty, abs=1e-6)
+    merged = load_llava(merge_llava('linear', {n: root/n for n in summary['selected']}, run.parent/'check'))
+    firsts = [sum(len(v) for v in list(held_in.values())[:i]) for i in range(len(held_in))]   # item indices run on across the sets
+    per_set = [model_uncertainty(*merged, its, J=int(P.extra['llava_passes']), seed=P.seed, first_index=f).uncertainty
+               for its, f in zip(held_in.values(), firsts)]
+    assert sum(per_set) / len(per_set) == pytest.approx(sel.uncertainty, abs=1e-6)   # UQ̄: the mean of the held-in sets' means
+    t11 = pd.read_csv(run/'table11.csv', index_col=0)
+    assert t11[str(int(sel.step))].tolist() == pytest.approx(per_set, abs=1e-6)
 
 def test_table1_baselines_merge_the_same_random_selections(run):
     P, root, manifest, *_ = micro_setup()
@@ -79,14 +83,16 @@ def test_table7_repeats_recompute(run):
     assert set(rep.repeat) == {0, 1, 2} and set(rep.model) == set(manifest['variants'])
     name = sorted(manifest['variants'])[0]
     model, proc = load_llava(root/name)
-    items = [it for its in held_in.values() for it in its]
-    per_item = model_uncertainty(model, proc, items, J=int(P.extra['llava_passes']), seed=1).items.uncertainty.tolist()
     got = rep[(rep.model == name) & (rep.repeat == 1)].set_index('dataset').uncertainty
-    start = 0
-    for d, its in held_in.items():
-        assert got[d] == pytest.approx(sum(per_item[start:start + len(its)]) / len(its), abs=1e-9), d
-        start += len(its)
-    assert got['average'] == pytest.approx(sum(per_item) / len(per_item), abs=1e-9)
+    firsts = [sum(len(v) for v in list(held_in.values())[:i]) for i in range(len(held_in))]
+    per_set = {d: model_uncertainty(model, proc, its, J=int(P.extra['llava_passes']), seed=1, first_index=f).uncertainty
+               for (d, its), f in zip(held_in.items(), firsts)}
+    for d, u in per_set.items(): assert got[d] == pytest.approx(u, abs=1e-9), d
+    assert got['average'] == pytest.approx(sum(per_set.values()) / len(per_set), abs=1e-9)   # the mean over sets, not over questions
+    # the value UQ-Merge sorted by is the mean of the three repeats (App. A.1)
+    models = pd.read_csv(run/'models.csv')
+    mine = models[(models.run == 'uq_merge') & (models.model == name)].uncertainty.iloc[0]
+    assert mine == pytest.approx(rep[(rep.model == name) & (rep.dataset == 'average')].uncertainty.mean(), abs=1e-9)
 
 def test_findings_are_read_from_the_tables(run):
     "The findings cell's verdicts are the tables' comparisons (Table 1 means, Table 3's uncertainty rows, Table 4's steps)."

@@ -37,7 +37,7 @@ def test_schema_and_names(pv):
     assert (pv.groupby('tid')['table'].nunique() == 1).all()
     methods = set(pv[pv.tid.isin(['table1', 'table2', 'table6', 'table8', 'table9'])].method)
     assert methods - NOT_METHODS == set(BASELINES) and all(MERGE_METHODS[m].name == m for m in BASELINES)
-    assert {MERGE_METHODS[m].name for m in ['dare', 'linear', 'ties_merging']} == {'dare_task_arithmetic', 'weighted_average', 'ties_merging'}
+    assert {MERGE_METHODS[m].name for m in ['dare', 'linear', 'ties_merging']} == {'dare_task_arithmetic', 'linear', 'ties_merging'}  # linear: mergekit's (normalised), paper 004's Linear rows are weighted_average's paper settings, the same merge
     acc = pv[pv.metric.str.startswith('accuracy') | pv.metric.str.endswith('_accuracy')]
     assert acc.value.between(0, 100).all() and pv[pv.metric.str.startswith('uncertainty')].value.between(0, np.log(12)).all()
 

@@ -566,3 +566,47 @@ def test_lazy_safetensors_end_to_end(tmp_path):
     lazy_ex = {n: checkpoints.LazyStateDict(tmp_path / f'{n}.safetensors') for n in ex}
     close(ties_merging(lazy_pre, lazy_ex, progress=False), naive_ties(pre, ex, 0.3, 20, 'model', 'mean'))
     close(task_arithmetic(lazy_pre, lazy_ex, progress=False), vec(pre) + 0.3 * taus(pre, ex).sum(0))
+
+
+# ---------------------------------------------------------------- mergekit's names mean mergekit's methods (issue 25, item 10)
+
+def _mergekit_ties(pre, experts, density):
+    "mergekit's `ties` by hand: per tensor keep the int(density·n) largest |τ| (topk), sign of the sum (0 → +), disjoint mean."
+    out = {}
+    for key, p in pre.items():
+        if not p.is_floating_point(): out[key] = p; continue
+        taus = torch.stack([e[key] - p for e in experts.values()]).reshape(len(experts), -1).double()
+        k = max(1, int(density * taus.shape[1]))
+        keep = torch.zeros_like(taus).scatter_(1, taus.abs().topk(k, dim=1).indices, 1.)
+        tr = taus * keep
+        sign = torch.where(tr.sum(0) >= 0, 1., -1.).double()
+        agree = (tr.sign() == sign)
+        out[key] = p.double() + ((tr * agree).sum(0) / agree.sum(0).clamp(min=1)).view(p.shape)
+    return out
+
+
+def test_ties_keeps_int_density_n_as_mergekit():
+    pre, ex = make_pool(3, seed=3)
+    sizes = {v.numel() for v in pre.values() if v.is_floating_point()}
+    assert any(math.ceil(0.2 * n) != int(0.2 * n) for n in sizes)  # the pool has tensors where ⌈⌉ and int() differ
+    for k in (20, 30, 55):
+        got = merge('ties', pre, ex, k=k, progress=False)
+        want = _mergekit_ties(pre, ex, k / 100)
+        for key in want:
+            if pre[key].is_floating_point(): assert torch.allclose(got[key].double(), want[key], atol=1e-6), (k, key)
+    ceil = merge('ties', pre, ex, k=20, rounding='ceil', progress=False)  # ties_merging's count (paper 000) differs
+    assert any(not torch.allclose(ceil[k_].double(), v, atol=1e-6) for k_, v in _mergekit_ties(pre, ex, .2).items() if pre[k_].is_floating_point())
+    assert MERGE_METHODS['ties_merging'].defaults().get('rounding', 'ceil') == 'ceil'
+
+
+def test_linear_is_mergekits_normalised_linear():
+    pre, ex = make_pool(2, seed=4)
+    w = {'task0': 1.0, 'task1': 3.0}
+    got = merge('linear', None, ex, weights=w, progress=False)
+    raw = weighted_average(None, ex, weights=w, progress=False)  # paper 002's soup: no normalisation
+    for key, v in pre.items():
+        if not v.is_floating_point(): continue
+        by_hand = (1 * ex['task0'][key] + 3 * ex['task1'][key]) / 4
+        assert torch.allclose(got[key], by_hand, atol=1e-6)
+        assert torch.allclose(raw[key], 1 * ex['task0'][key] + 3 * ex['task1'][key], atol=1e-6)
+    assert MERGE_METHODS['linear'].name == 'linear' and MERGE_METHODS['weighted_average'].name == 'weighted_average'

@@ -60,13 +60,15 @@ def test_uniform_coopvec_is_simple_averaging_and_the_uniform_ensemble(micro):
         for task in micro['names']:
             heads = micro['data'].heads
             torch.testing.assert_close(CoopClassifier(m, heads, task, 'merge')(x), _zeroshot(micro, avg, task)(x), atol=2e-4, rtol=1e-4)
-            torch.testing.assert_close(CoopClassifier(m, heads, task, 'ensemble')(x), _zeroshot(micro, members, task, 'probs')(x), atol=2e-4, rtol=1e-4)
+            # Ens. is the baselines' operator: the uniform CoopVec gives Simple Averaging's ensemble row, the mean of the logits (issue 25)
+            torch.testing.assert_close(CoopClassifier(m, heads, task, 'ensemble')(x), _zeroshot(micro, members, task, 'logits')(x), atol=2e-4, rtol=1e-4)
+            assert (CoopClassifier(m, heads, task, 'ensemble')(x) - _zeroshot(micro, members, task, 'probs')(x)).abs().max() > 1e-3   # not the probability mixture
 
 def test_uniform_records_equal_evaluate_of_simple_average_and_ensemble(micro):
     "The same through the whole evaluation: neulig_records vs the project's evaluate() of the registry's methods."
     m = _model(micro, perturb=False)
     mine = neulig_records(m, micro['data'], batch_size=5, progress=False).set_index(['task', 'level', 'metric'])['value']
-    ref = evaluate({'merge': simple_average(micro['pre'], micro['experts'], progress=False), 'ensemble': ensemble(micro['pre'], micro['experts'])},
+    ref = evaluate({'merge': simple_average(micro['pre'], micro['experts'], progress=False), 'ensemble': ensemble(micro['pre'], micro['experts'], combine='logits')},
                    micro['models'], micro['tasks'], batch_size=7, progress=False)
     ref = ref.rename(columns={'model': 'level'}).set_index(['task', 'level', 'metric'])['value']
     pd.testing.assert_series_equal(mine.sort_index(), ref.sort_index(), atol=1e-4, rtol=1e-4)
@@ -200,8 +202,30 @@ def test_transfer_portland_keeps_coopvecs_and_merges_the_other_experts(micro):
             ref = _zeroshot(micro, mp.vision_model(merge_with_coopvec(micro['pre'], others, c[i])), 'colors')(x[i:i + 1])[0]
             torch.testing.assert_close(got[i], ref, atol=2e-4, rtol=1e-4)
         ens = CoopClassifier(dst, heads, 'colors', 'ensemble')(x)
-        probs = torch.stack([_zeroshot(micro, mp.vision_model(others[t]), 'colors')(x).exp() for t in dst.names])   # (K, batch, classes)
-        torch.testing.assert_close(ens, (c.T[:, :, None] * probs).sum(0).log(), atol=2e-4, rtol=1e-4)
+        logp = torch.stack([_zeroshot(micro, mp.vision_model(others[t]), 'colors')(x) for t in dst.names])   # (K, batch, classes)
+        # Σₖ cₖ logitsₖ (log-probabilities differ from logits by a per-sample constant, which Σₖ cₖ = 1 keeps)
+        torch.testing.assert_close(ens, (c.T[:, :, None] * logp).sum(0).log_softmax(-1), atol=2e-4, rtol=1e-4)
         assert (got - CoopClassifier(src, heads, 'colors', 'merge')(x)).abs().max() > 1e-4
     with pytest.raises(IncompatibleModelsError, match='trained for experts'):
         transfer_portland(src, NeuLigModel(micro['pre'], {'colors': others['colors'], 'shapes': others['shapes']}, mp.config))
+
+
+# ---------------------------------------------------------------- Table s8 on the A halves (issue 25, item 7)
+
+def test_portland_sees_only_the_given_training_rows(micro):
+    "train_portland(subsets=...) draws its visible data from those rows only (Table s8: model-A's half), no other row."
+    from fusion_nb.neulig.neulig import visible_split, train_portland
+    task = micro['tasks']['colors']
+    full = task.load(split='train')
+    rows = list(range(0, len(full), 2))   # every other row, as a half would be
+    vis = visible_split(task, 1.0, 0, rows)
+    assert len(vis) == len(rows) and vis['label'] == [full[i]['label'] for i in rows]
+    half = visible_split(task, 0.5, 0, rows)
+    assert len(half) == round(len(rows) / 2)
+    by_image = {full[i]['image'].tobytes(): i for i in range(len(full))}
+    assert {by_image[im.tobytes()] for im in half['image']} <= set(rows)
+    m = _model(micro, perturb=False)
+    info = train_portland(m, micro['data'], steps=1, batch_size=2, progress=False, subsets={t: rows if t == 'colors' else [0, 1] for t in m.names})
+    assert info['visible'] == {t: len(rows) if t == 'colors' else 2 for t in m.names}
+    with pytest.raises(Exception, match='subsets has no training rows'): train_portland(m, micro['data'], steps=1, progress=False, subsets={'colors': rows})
+    with pytest.raises(Exception, match='must be rows 0'): visible_split(task, 1.0, 0, [len(full)])

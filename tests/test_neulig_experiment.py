@@ -61,6 +61,13 @@ def test_printed_table_shows_a_dash_where_no_ensemble(run, table):
     assert set(printed.loc[['Pre-trained', 'Fine-tuned'], (slice(None), ['Ens.', 'Gap'])].values.ravel()) == {''}
     assert '–' not in printed.loc[[r for r in ROWS[2:] if r not in NO_ENSEMBLE]].values
     assert printed.loc['RegMean', ('Avg.', 'Mer.')] == f"{table.loc['RegMean', ('Avg.', 'Mer.')]:.1f}"
+    # paper 001's "(+x.xx)": NeuLig's Avg. minus the best baseline's (Mer., Ens.) or the smallest baseline Gap, by hand
+    avg, base = table['Avg.'], [r for r in BASELINES]
+    with_ens = [b for b in base if avg.notna().loc[b, 'Ens.']]
+    for r in NEULIG:
+        want = {'Mer.': avg.loc[r, 'Mer.'] - max(avg.loc[b, 'Mer.'] for b in base), 'Ens.': avg.loc[r, 'Ens.'] - max(avg.loc[b, 'Ens.'] for b in with_ens),
+                'Gap': avg.loc[r, 'Gap'] - min(avg.loc[b, 'Gap'] for b in with_ens)}
+        for m, d in want.items(): assert printed.loc[r, ('Avg.', m)] == f"{avg.loc[r, m]:.1f} ({d:+.1f})", (r, m)
 
 def test_finding_compares_neulig_with_every_baseline(run, table):
     finding = pd.read_csv(run/'finding.csv', index_col=0)

@@ -167,3 +167,27 @@ def test_test_time_step_on_meta_never_touches_the_host():
     with DeviceLog() as log: adamerging_backward(st, coef, Data(), batches, tasks_per_forward=1)
     assert log.devices == {'meta'}, log.devices
     assert coef.grad is not None and coef.grad.device.type == 'meta'
+
+
+# ---------------------------------------------------------------- WE-MoE end to end: evaluation batch size (issue 25, item 9)
+
+def test_we_moe_accuracy_same_at_eval_batch_1_and_64(micro):
+    "Per-sample routing (default): accuracy and loss on a micro test set are the same at batch 1 and 64; routing='batch' (FusionBench's) is not."
+    from fusion_nb.evaluation import evaluate
+    moe = _moe(micro).eval()
+    task = TASKS[0]
+    def run(bs):
+        r = evaluate({'we_moe': moe}, micro['models'], micro['tasks'], tasks=[task], batch_size=bs, max_samples=64, progress=False)
+        return r.set_index('metric').value.to_dict()
+    one, sixty_four = run(1), run(64)
+    assert one['accuracy'] == sixty_four['accuracy']
+    import copy   # experiment 04's labelled leaky row evaluates a deep copy switched to batch routing; the original stays per-sample
+    leaky = copy.deepcopy(moe).set_routing('batch')
+    assert leaky.we_moe_info['routing'] == 'batch' and all(l.mlp.routing == 'sample' for l in _layers(moe))
+    assert one['loss'] == pytest.approx(sixty_four['loss'], rel=1e-5)
+    assert moe.set_routing('batch') is moe and all(l.mlp.routing == 'batch' for l in _layers(moe))
+    one_b, sixty_four_b = run(1), run(64)
+    assert one_b['loss'] == pytest.approx(one['loss'], rel=1e-5)   # a batch of one is its own average
+    assert abs(sixty_four_b['loss'] - one['loss']) > 1e-4           # the batch's average routes every sample alike
+    moe.set_routing('sample')
+    with pytest.raises(HyperparameterError, match="routing='task'"): moe.set_routing('task')

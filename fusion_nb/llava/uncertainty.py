@@ -8,12 +8,12 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/uncertainty.html.md"""
 from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageEnhance, ImageOps
 
 from ..core import FusionError, HyperparameterError, UnknownNameError, check_range
 
@@ -22,7 +22,7 @@ __all__ = ['ANSWER_PROMPT', 'EXTRA_OPTIONS', 'LETTERS', 'AUGMIX_OPS', 'SYSTEM_PR
            'DEFAULT_J', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options', 'option_prompt',
            'augment_op', 'augmix_combine', 'augmix', 'option_messages', 'attention_layers', 'attention_dropout',
            'letter_ids', 'letter_probs', 'check_perturbations', 'perturbed_inputs', 'item_uncertainty', 'clean_answers',
-           'answer_accuracy', 'UQReport', 'model_uncertainty', 'option_items']
+           'answer_accuracy', 'UQReport', 'model_uncertainty', 'held_in_uncertainty', 'as_held_in', 'option_items']
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #8146fda7
 def entropy(p:torch.Tensor, # probabilities along the last dimension
@@ -67,12 +67,16 @@ def option_prompt(item:OptionItem, extra:Sequence[str]=EXTRA_OPTIONS)->str:
     return '\n'.join([item.question, *lines, ANSWER_PROMPT])
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #6a24f464
-_BINS = 11  # torchvision AugMix: _PARAMETER_MAX + 1
+_BINS = 10  # torchvision AugMix: forward() calls _augmentation_space(self._PARAMETER_MAX = 10, …)
+_ENHANCE = {'brightness': ImageEnhance.Brightness, 'color': ImageEnhance.Color, 'contrast': ImageEnhance.Contrast,
+            'sharpness': ImageEnhance.Sharpness}  # torchvision: adjust_brightness / saturation / contrast / sharpness(1 + m)
 def _magnitude(op:str, level:int, size:tuple[int, int])->float:
-    "torchvision AugMix's magnitude of `op` at bin `level` (0 … 10) for an image of `size` (w, h)."
-    span = {'shear_x': 0.3, 'shear_y': 0.3, 'translate_x': size[0] / 3, 'translate_y': size[1] / 3, 'rotate': 30.}
+    "torchvision AugMix's magnitude of `op` at bin `level` (0 … 9) for an image of `size` (w, h)."
+    span = {'shear_x': 0.3, 'shear_y': 0.3, 'translate_x': size[0] / 3, 'translate_y': size[1] / 3, 'rotate': 30.,
+            **{k: 0.9 for k in _ENHANCE}}
     if op in span: return span[op] * level / (_BINS - 1)
     if op == 'posterize': return 4 - round(level / ((_BINS - 1) / 4))  # bits kept
+    if op == 'solarize': return 255. * (1 - level / (_BINS - 1))  # threshold
     return 0.
 
 def augment_op(img:Image.Image, # RGB image
@@ -80,16 +84,20 @@ def augment_op(img:Image.Image, # RGB image
                magnitude:float, # shear factor, shift in pixels, degrees, or bits kept (posterize)
               )->Image.Image:
     "One AugMix operation, with PIL."
-    if op == 'shear_x': return img.transform(img.size, Image.AFFINE, (1, magnitude, 0, 0, 1, 0), Image.NEAREST)
-    if op == 'shear_y': return img.transform(img.size, Image.AFFINE, (1, 0, 0, magnitude, 1, 0), Image.NEAREST)
-    if op == 'translate_x': return img.transform(img.size, Image.AFFINE, (1, 0, magnitude, 0, 1, 0), Image.NEAREST)
-    if op == 'translate_y': return img.transform(img.size, Image.AFFINE, (1, 0, 0, 0, 1, magnitude), Image.NEAREST)
-    if op == 'rotate': return img.rotate(magnitude, Image.NEAREST)
+    if op == 'shear_x': return img.transform(img.size, Image.AFFINE, (1, magnitude, 0, 0, 1, 0), Image.BILINEAR)
+    if op == 'shear_y': return img.transform(img.size, Image.AFFINE, (1, 0, 0, magnitude, 1, 0), Image.BILINEAR)
+    if op == 'translate_x': return img.transform(img.size, Image.AFFINE, (1, 0, int(magnitude), 0, 1, 0), Image.BILINEAR)
+    if op == 'translate_y': return img.transform(img.size, Image.AFFINE, (1, 0, 0, 0, 1, int(magnitude)), Image.BILINEAR)
+    if op == 'rotate': return img.rotate(magnitude, Image.BILINEAR)
     if op == 'equalize': return ImageOps.equalize(img)
+    if op == 'autocontrast': return ImageOps.autocontrast(img)
     if op == 'posterize': return ImageOps.posterize(img, int(magnitude))
+    if op == 'solarize': return ImageOps.solarize(img, magnitude)
+    if op in _ENHANCE: return _ENHANCE[op](img).enhance(1 + magnitude)
     raise UnknownNameError(f"unknown image operation {op!r}. Known: {', '.join(AUGMIX_OPS)}")
 
-AUGMIX_OPS = ('shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate', 'equalize', 'posterize')  # §3.3
+AUGMIX_OPS = ('shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate', 'posterize', 'solarize', 'autocontrast',
+              'equalize', 'brightness', 'color', 'contrast', 'sharpness')  # torchvision's AugMix, all_ops=True (the last four)
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #41772f06
 def augmix_combine(clean:np.ndarray, # the clean image, float
@@ -101,20 +109,21 @@ def augmix_combine(clean:np.ndarray, # the clean image, float
     mix = sum(w * c for w, c in zip(chain_weights, chains))
     return clean_weight * clean + (1 - clean_weight) * mix
 
-_SIGNED = {'shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate'}  # ops whose magnitude gets a random sign
+_SIGNED = {'shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate', 'brightness', 'color', 'contrast', 'sharpness'}  # random sign (torchvision's `signed`)
 
 def augmix(img:Image.Image, # the image to perturb
            rng:np.random.Generator, # source of every random choice
            severity:int=3, width:int=3, depth:int=-1, alpha:float=1., # torchvision AugMix defaults (App. B.2)
+           all_ops:bool=True, # torchvision's default: the four colour operations too
           )->Image.Image:
-    "AugMix over the operations of §3.3: `width` random chains of `depth` (−1: 1–3) operations, mixed with the clean image."
-    img = img.convert('RGB')
+    "torchvision's AugMix with PIL: `width` random chains of `depth` (−1: 1–3) operations, mixed with the clean image."
+    img, ops = img.convert('RGB'), AUGMIX_OPS if all_ops else AUGMIX_OPS[:-4]
     ws, m = rng.dirichlet([alpha] * width), rng.beta(alpha, alpha)
     chains = []
     for _ in range(width):
         aug = img
         for _ in range(depth if depth > 0 else int(rng.integers(1, 4))):
-            op = AUGMIX_OPS[int(rng.integers(len(AUGMIX_OPS)))]
+            op = ops[int(rng.integers(len(ops)))]
             mag = _magnitude(op, int(rng.integers(severity)), img.size)
             aug = augment_op(aug, op, -mag if op in _SIGNED and rng.random() < .5 else mag)
         chains.append(np.asarray(aug, np.float32))
@@ -254,11 +263,12 @@ def model_uncertainty(model, processor, # a LLaVA and its processor
                       *,
                       J:int=DEFAULT_J, perturbations:Sequence[str]=PERTURBATIONS, dropout:float=ATTENTION_DROPOUT, seed:int=0,
                       batch_size:int=16, # clean questions per forward pass
+                      first_index:int=0, # the draws of item i depend on (seed, first_index + i): sets measured apart draw as one list would
                      )->UQReport:
     "UQ̄(M): eq. (1) averaged over `items`, with the accuracy of the clean answers."
     if not items: raise HyperparameterError("model_uncertainty needs at least one item")
     check_perturbations(perturbations, J)
-    us = [item_uncertainty(model, processor, it, J=J, perturbations=perturbations, dropout=dropout, seed=seed, index=i)[0]
+    us = [item_uncertainty(model, processor, it, J=J, perturbations=perturbations, dropout=dropout, seed=seed, index=first_index + i)[0]
           for i, it in enumerate(items)]
     df = pd.DataFrame(dict(uncertainty=us, answer=[it.answer for it in items], prediction=clean_answers(model, processor, items, batch_size)))
     labelled = df.answer.notna()
@@ -266,6 +276,36 @@ def model_uncertainty(model, processor, # a LLaVA and its processor
     freq = torch.tensor(df.prediction.value_counts(normalize=True).values, dtype=torch.float64)
     return UQReport(float(df.uncertainty.mean()), float(df.correct[labelled].mean()) if labelled.any() else float('nan'),
                     float(entropy(freq)), df)
+
+# %% ../../nbs/llava/61_uncertainty.ipynb #d6f30a15
+def held_in_uncertainty(model, processor, # a LLaVA and its processor
+                        sets:Mapping[str, Sequence[OptionItem]]|Sequence[OptionItem], # held-in set name → questions (a plain list: one set)
+                        *,
+                        J:int=DEFAULT_J, perturbations:Sequence[str]=PERTURBATIONS, dropout:float=ATTENTION_DROPOUT, seed:int=0,
+                        repeats:int=1, # runs averaged per set (App. A.1: 3), seeds seed, seed + 1, …
+                        batch_size:int=16,
+                       )->dict[str, float]:
+    "UQ̄(M) as paper 004 reports it: per set the mean over its questions and runs, then the mean over sets (and per-set entries)."
+    sets = as_held_in(sets)
+    if not isinstance(repeats, int) or repeats < 1: raise HyperparameterError(f"repeats={repeats!r} is out of range: an integer ≥ 1")
+    out, preds, first = {}, [], 0
+    for name, items in sets.items():   # item indices run on across sets: every question its own draws, as in one list
+        runs = [model_uncertainty(model, processor, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed + r,
+                                  batch_size=batch_size, first_index=first) for r in range(repeats)]
+        first += len(items)
+        out[f'uncertainty:{name}'] = float(np.mean([r.uncertainty for r in runs]))
+        out[f'accuracy:{name}'] = runs[0].accuracy; preds += runs[0].items.prediction.tolist()
+    accs = [out[f'accuracy:{n}'] for n in sets if not np.isnan(out[f'accuracy:{n}'])]
+    freq = torch.tensor(pd.Series(preds).value_counts(normalize=True).values, dtype=torch.float64)
+    return {'uncertainty': float(np.mean([out[f'uncertainty:{n}'] for n in sets])), 'accuracy': float(np.mean(accs)) if accs else float('nan'),
+            'answer_entropy': float(entropy(freq)), **out}
+
+def as_held_in(sets)->dict[str, list[OptionItem]]:
+    "Held-in sets as a name → questions dict (a plain sequence of questions is one set, 'held_in'); every set non-empty."
+    sets = dict(sets) if isinstance(sets, Mapping) else {'held_in': list(sets)}
+    empty = [n for n, its in sets.items() if not len(its)]
+    if not sets or empty: raise HyperparameterError(f"held-in sets must each hold questions; empty: {empty or 'no set at all'}")
+    return {n: list(its) for n, its in sets.items()}
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #6b3212ed
 def option_items(task:str, # a stand-in task of fusion_nb.tiny.tasks

@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/uq_merge.html.md"""
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #cc938238
 from __future__ import annotations
-import inspect, json, shutil, tempfile, warnings
+import hashlib, inspect, json, shutil, tempfile, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -21,11 +21,11 @@ from ..reproduce.hf_merge import write_merged
 from ..merge import MERGE_METHODS, merge
 from .model import check_same_llava, llava_dir, llava_state_dict, load_llava
 from .uncertainty import (ATTENTION_DROPOUT, DEFAULT_J, PERTURBATIONS, OptionItem, check_perturbations,
-                                         answer_accuracy, model_uncertainty)
+                                         answer_accuracy, as_held_in, held_in_uncertainty, model_uncertainty)
 
 # %% auto #0
-__all__ = ['ORDERS', 'GUIDANCES', 'uq_merge_steps', 'vision_tower_differences', 'merge_llava', 'UQMergeResult', 'uq_merge',
-           'draw_selections', 'random_selections']
+__all__ = ['ORDERS', 'GUIDANCES', 'uq_merge_steps', 'vision_tower_differences', 'merge_llava', 'UQMergeResult', 'question_key',
+           'uq_merge', 'draw_selections', 'random_selections']
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #4fdb2260
 ORDERS = ('descending', 'ascending')  # Algorithm 1 line 4 sorts by descending uncertainty
@@ -154,48 +154,77 @@ class UQMergeResult:
     def selected(self)->list[str]: return list(self.steps.loc[self.steps.selected, 'models'].iloc[0])
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #10e05191
+def question_key(sets:Mapping[str, Sequence[OptionItem]])->str:
+    "A digest of question sets — names, questions, options, answers and image pixels — to key measurements by the set."
+    h = hashlib.sha256()
+    for name, items in sets.items():
+        h.update(f'\x00set {name} {len(items)}'.encode())
+        for it in items:
+            h.update(json.dumps([it.question, list(it.options), it.answer]).encode())
+            h.update(f'{it.image.mode} {it.image.size}'.encode()); h.update(it.image.tobytes())
+    return h.hexdigest()[:16]
+
+_MARKER = 'fusion_nb_merge.json'  # merge_llava writes it into every merged directory
+
+def _check_merged_dir(final:Path, names:set[str]|None=None):
+    "Refuse to replace `final` unless it is a merge this code wrote (marker file, no folders, only a merge's file names)."
+    if not final.exists() and not final.is_symlink(): return
+    if final.is_symlink() or not final.is_dir() or not (final/_MARKER).is_file():
+        raise HyperparameterError(f"{final} exists and is not a merged LLaVA that uq_merge wrote (no {_MARKER}): "
+                                  "move it away or choose another out_dir; nothing was deleted")
+    foreign = sorted(p for p in final.rglob('*') if p.is_dir() or p.is_symlink() or (names is not None and p.name not in names))
+    if foreign: raise HyperparameterError(f"{final} holds {foreign[0]}, which uq_merge did not write: move it away or choose "
+                                          "another out_dir; nothing was deleted")
+
 def uq_merge(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
-             items:Sequence[OptionItem], # held-in option questions for UQ̄ (labels optional: only for the accuracy)
-             out_dir:str|Path, # receives the selected merge (a LLaVA directory) and uq_merge.json
+             items:Mapping[str, Sequence[OptionItem]]|Sequence[OptionItem], # held-in set name → option questions for UQ̄ (a plain list: one set); labels only give the accuracy
+             out_dir:str|Path, # receives the selected merge (out_dir/merged, a LLaVA directory) and uq_merge.json
              *,
              method:str='linear', # Merge(·): any registered method; 'linear' = paper 004's default (§3.4)
              pretrained:str|Path|None=None, # base LLaVA, for task-vector methods
              hparams:Mapping|None=None, # the method's hyperparameters
              J:int=DEFAULT_J, perturbations:Sequence[str]=PERTURBATIONS, dropout:float=ATTENTION_DROPOUT, seed:int=0, # UQ̄ (eq. 1)
+             repeats:int=3, # App. A.1: the models' UQ̄ is the mean of 3 runs (seeds seed, seed + 1, …) before sorting; each step's: one run
              order:str='descending', # Algorithm 1 line 4
              sort_by:str='uncertainty', # Table 3: 'accuracy' sorts by held-in accuracy instead
              heldout:Mapping[str, Sequence[OptionItem]]|None=None, # name → labelled questions never used for selection: accuracy recorded per step
              evaluate:Callable[[Any, Any], Mapping]|None=None, # (model, processor) → more metrics to record per model and step (never used for selection)
-             memo:dict|None=None, # shared between calls: metrics of a source already measured with the same UQ settings are reused
+             memo:dict|None=None, # shared between calls: metrics of a source already measured on the same questions with the same UQ settings are reused
              device:str|None='cpu',
             )->UQMergeResult:
     "Algorithm 1 on LLaVA models: the lowest-uncertainty incremental merge, with every step's uncertainty and accuracy."
     check_perturbations(perturbations, J); MERGE_METHODS[method]
-    if not items: raise HyperparameterError("uq_merge needs held-in items to quantify uncertainty")
+    if not len(items): raise HyperparameterError("uq_merge needs held-in items to quantify uncertainty")
+    sets = as_held_in(items)
     if sort_by not in GUIDANCES: raise HyperparameterError(f"sort_by={sort_by!r}: expected one of {', '.join(GUIDANCES)}")
     if order not in ORDERS: raise HyperparameterError(f"order={order!r}: expected one of {', '.join(ORDERS)}")
+    if not isinstance(repeats, int) or repeats < 1: raise HyperparameterError(f"repeats={repeats!r} is out of range: an integer ≥ 1")
     check_same_llava(({'pretrained': pretrained} if pretrained is not None else {}) | dict(models))
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir); final = out_dir/'merged'
+    _check_merged_dir(final)  # before any work: a folder of someone else's is refused, not deleted
+    out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out_dir, prefix='.steps-'))
-    def measure(source):
+    qkey = question_key(sets | {f'heldout:{n}': its for n, its in (heldout or {}).items()})
+    def measure(source, runs):
         model, proc = load_llava(source, device=device)
-        r = model_uncertainty(model, proc, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed)
-        return {'uncertainty': r.uncertainty, 'accuracy': r.accuracy, 'answer_entropy': r.answer_entropy,
-                **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()},
+        r = held_in_uncertainty(model, proc, sets, J=J, perturbations=perturbations, dropout=dropout, seed=seed, repeats=runs)
+        return {**r, **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()},
                 **(dict(evaluate(model, proc)) if evaluate else {})}
     def uncertainty(source):
-        if memo is None or Path(source).parent == work: return measure(source)  # merged steps: fresh directories every call
-        key = (str(source), J, tuple(perturbations), dropout, seed)
-        if key not in memo: memo[key] = measure(source)
+        if Path(source).parent == work: return measure(source, 1)  # merged steps: fresh directories every call, one run
+        if memo is None: return measure(source, repeats)
+        key = (str(source), J, tuple(perturbations), dropout, seed, repeats, qkey)
+        if key not in memo: memo[key] = measure(source, repeats)
         return memo[key]
     def merge_fn(names): return merge_llava(method, {n: models[n] for n in names}, work/f'step{len(names):03d}', pretrained=pretrained, **(hparams or {}))
     try:
         best, singles, steps = uq_merge_steps(models, uncertainty, merge_fn, order=order, sort_by=sort_by, discard=lambda d: shutil.rmtree(d, ignore_errors=True))
-        final = out_dir/'merged'
-        if final.exists(): shutil.rmtree(final)
+        _check_merged_dir(final, {p.name for p in best.iterdir()})
+        if final.exists(): shutil.rmtree(final)  # a previous merge of ours, checked file by file just above
         best.rename(final)
     finally: shutil.rmtree(work, ignore_errors=True)
     report = dict(method=method, hparams=dict(hparams or {}), J=J, perturbations=list(perturbations), dropout=dropout, seed=seed,
+                  repeats=repeats, held_in={n: len(its) for n, its in sets.items()}, questions=qkey,
                   order=order, sort_by=sort_by, models=singles.to_dict('records'), steps=steps.to_dict('records'))
     atomic_write_text(out_dir/'uq_merge.json', json.dumps(report, indent=2, default=str))
     return UQMergeResult(final, singles, steps)
@@ -213,7 +242,7 @@ def draw_selections(names:Sequence[str], # the models to draw from
 
 def random_selections(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
                       k:int, # models per selection (UQ-Merge's selection size)
-                      items:Sequence[OptionItem], # held-in questions (uncertainty and accuracy)
+                      items:Mapping[str, Sequence[OptionItem]]|Sequence[OptionItem], # held-in sets (uncertainty and accuracy: means over sets)
                       out_dir:str|Path, # scratch folder for the merges (removed afterwards)
                       *,
                       draws:int=3, method:str='linear', pretrained:str|Path|None=None, hparams:Mapping|None=None,
@@ -227,8 +256,8 @@ def random_selections(models:Mapping[str, str|Path], # name → LLaVA directory 
     for d, pick in enumerate(draw_selections(list(models), k, draws, seed)):
         merged = merge_llava(method, {n: models[n] for n in pick}, work/f'draw{d:03d}', pretrained=pretrained, **(hparams or {}))
         model, proc = load_llava(merged, device=device)
-        r = model_uncertainty(model, proc, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed)
-        rows.append({'draw': d, 'models': pick, 'uncertainty': r.uncertainty, 'accuracy': r.accuracy, 'answer_entropy': r.answer_entropy,
+        r = held_in_uncertainty(model, proc, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed)
+        rows.append({'draw': d, 'models': pick, **r,
                      **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()},
                      **(dict(evaluate(model, proc)) if evaluate else {})})
         shutil.rmtree(merged, ignore_errors=True)

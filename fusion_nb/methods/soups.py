@@ -15,7 +15,7 @@ from ..core import HyperparameterError, check_range
 from .registry import MERGE_METHODS, Hyper, MergeMethod, OutputWeights, check_models, declare, expert_weights
 
 # %% auto #0
-__all__ = ['weighted_average', 'simple_average', 'uniform_soup', 'greedy_soup', 'soup_grid_search', 'affine_grid']
+__all__ = ['weighted_average', 'simple_average', 'uniform_soup', 'greedy_soup', 'soup_grid_search', 'linear', 'affine_grid']
 
 # %% ../../nbs/methods/21_soups.ipynb #70310e21
 def _weighted_average_rule(pretrained, experts, hp, info, runtime):
@@ -37,7 +37,7 @@ weighted_average = declare(MergeMethod(
     hypers={'weights': Hyper(None, 'wᵢ per expert (dict by name or list in pool order); None: 1/n each', 'paper 002 §3', float, per_expert=True),
             'normalize': Hyper(False, "divide the weights by their sum (paper 004's Linear)", 'paper 004 §4 (Linear)', bool)},
     papers={'002': {}, '004': {'normalize': True}},
-    rule=_weighted_average_rule, needs_pretrained=False, aliases=('linear',), propagates_nonfinite=True,
+    rule=_weighted_average_rule, needs_pretrained=False, propagates_nonfinite=True,
     output_weights=_weighted_average_output_weights))
 
 
@@ -140,3 +140,10 @@ soup_grid_search = declare(MergeMethod(
             'step': Hyper(0.2, 'grid granularity', 'paper 002 §5.1', float, interval='(0, inf)')},
     fuse=_soup_grid_search, needs_pretrained=False, positional=('evaluate_fn',), papers={'002': {}}))
 
+
+# %% ../../nbs/methods/21_soups.ipynb #b3d6257c
+linear = declare(MergeMethod(
+    'linear', 'Linear (mergekit)', "mergekit's `linear`: θ = Σᵢ wᵢ θᵢ / Σᵢ wᵢ (its `normalize: true` default).", 'training-free',
+    hypers={'weights': Hyper(None, 'wᵢ per expert (dict by name or list in pool order); None: 1/n each', "mergekit's linear", float, per_expert=True),
+            'normalize': Hyper(True, "divide the weights by their sum (mergekit's default)", 'mergekit linear.py', bool)},
+    rule=_weighted_average_rule, needs_pretrained=False, propagates_nonfinite=True, output_weights=_weighted_average_output_weights))

@@ -19,16 +19,21 @@ from ..algebra import tensor_meta
 from .registry import (Hyper, MergeMethod, as_state_dict, check_models, check_pool, declare, read_tensor, tensor_dtype)
 
 # %% auto #0
-__all__ = ['TIES_HYPERS', 'ties_merging', 'ties', 'trim_count', 'elect_sign', 'disjoint_merge', 'elect_and_merge',
+__all__ = ['ROUNDINGS', 'TIES_HYPERS', 'ties_merging', 'ties', 'trim_count', 'elect_sign', 'disjoint_merge', 'elect_and_merge',
            'streaming_kth_largest', 'TiesThresholds', 'ties_thresholds', 'naive_ties_vector']
 
 # %% ../../nbs/methods/23_ties.ipynb #d225f66f
+ROUNDINGS = ('ceil', 'floor')  # ⌈k·n/100⌉ (TIES reference code, FusionBench) or mergekit's int(density·n), density = k/100 in floats
+
 def trim_count(k:float, # percentage of entries to keep, in (0, 100]
                n:int, # number of entries
+               rounding:str='ceil', # 'ceil' (TIES reference, paper 000) or 'floor' (mergekit's `int(density * numel)`)
               )->int:
-    "How many of `n` entries the top-k% keeps: ⌈k·n/100⌉, at least 1 (k read as the decimal it prints as)."
+    "How many of `n` entries the top-k% keeps: ⌈k·n/100⌉ (k read as the decimal it prints as) or mergekit's int(k/100·n); at least 1."
     check_range('k', k, 0, 100, low_inclusive=False)
-    return max(1, min(n, math.ceil(Fraction(str(float(k))) * n / 100)))
+    if rounding not in ROUNDINGS: raise HyperparameterError(f"rounding={rounding!r}: expected one of {', '.join(ROUNDINGS)}")
+    keep = math.ceil(Fraction(str(float(k))) * n / 100) if rounding == 'ceil' else int(float(k) / 100 * n)  # floor: float product, as mergekit
+    return max(1, min(n, keep))
 
 def elect_sign(trimmed:Tensor, # (n_experts, ...) trimmed task vectors
               )->Tensor:
@@ -101,8 +106,8 @@ def streaming_kth_largest(make_pass:Callable[[], Iterable[tuple[str, Tensor]]], 
 # %% ../../nbs/methods/23_ties.ipynb #b2409961
 class TiesThresholds(dict):
     "Per-expert whole-model trimming thresholds, remembering the k (and the delta transform) they were computed for."
-    def __init__(self, values:Mapping[str, float], k:float, delta_transform:Callable|None=None):
-        super().__init__(values); self.k, self.delta_transform = float(k), delta_transform
+    def __init__(self, values:Mapping[str, float], k:float, delta_transform:Callable|None=None, rounding:str='ceil'):
+        super().__init__(values); self.k, self.delta_transform, self.rounding = float(k), delta_transform, rounding
 
 def _float_keys(ref:Mapping)->list[str]:
     return [k for k in ref.keys() if tensor_dtype(ref, k).is_floating_point]
@@ -115,6 +120,7 @@ def ties_thresholds(pretrained:Mapping, # θ₀
                     k:float=20, # percentage of each task vector's entries to keep
                     *,
                     delta_transform:Callable|None=None, # (name, key, τ) → τ applied before trimming (deterministic)
+                    rounding:str='ceil', # of the keep count k·d/100: 'ceil' or 'floor' (mergekit)
                     progress:bool=True, # progress bars over the passes
                     check:bool=True, # check compatibility and finiteness while streaming
                     device=None, # compute device
@@ -125,7 +131,7 @@ def ties_thresholds(pretrained:Mapping, # θ₀
     if check: check_models(pretrained, experts)
     keys = _float_keys(pretrained)
     d = sum(math.prod(tensor_meta(pretrained, key)[0]) for key in keys)
-    m = {n: trim_count(k, d) for n in experts}
+    m = {n: trim_count(k, d, rounding) for n in experts}
     npass = [0]
     def make_pass() -> Iterator[tuple[str, Tensor]]:
         npass[0] += 1; first = npass[0] == 1
@@ -137,24 +143,25 @@ def ties_thresholds(pretrained:Mapping, # θ₀
                 yield n, tau.abs()
                 del tau
             del pre
-    return TiesThresholds(streaming_kth_largest(make_pass, m, _selection_dtype(pretrained, keys)), k, delta_transform)
+    return TiesThresholds(streaming_kth_largest(make_pass, m, _selection_dtype(pretrained, keys)), k, delta_transform, rounding)
 
 
 # %% ../../nbs/methods/23_ties.ipynb #bb74c0c1
 def _model_thresholds(pretrained, experts, hp, runtime)->TiesThresholds:
     "The whole-model thresholds of this merge: computed, or the given ones checked to be for this k and pool."
-    thr, k, dt = hp['thresholds'], hp['k'], hp['delta_transform']
-    if thr is None: return ties_thresholds(pretrained, experts, k, delta_transform=dt, **runtime)
+    thr, k, dt, rnd = hp['thresholds'], hp['k'], hp['delta_transform'], hp.get('rounding', 'ceil')
+    if thr is None: return ties_thresholds(pretrained, experts, k, delta_transform=dt, rounding=rnd, **runtime)
     missing = [n for n in experts if n not in thr]
     if missing: raise HyperparameterError(f"thresholds has no value for expert(s) {missing}")
     if not isinstance(thr, TiesThresholds): raise HyperparameterError("thresholds must be what ties_thresholds(pretrained, experts, k) returns (it records k)")
     if thr.k != float(k): raise HyperparameterError(f"thresholds were computed for k={thr.k:g}, not k={k:g}: recompute them with ties_thresholds(..., k={k:g})")
     if thr.delta_transform is not dt: raise HyperparameterError("thresholds were computed with another delta_transform than this merge's")
+    if thr.rounding != rnd: raise HyperparameterError(f"thresholds were computed with rounding={thr.rounding!r}, not {rnd!r}")
     return thr
 
 def _ties_rule(pretrained, experts, hp, info, runtime):
     "Trim (whole model or per tensor), elect signs by total mass, disjoint mean/sum, scale by λ: per tensor."
-    k, scope, dt, lam, names = hp['k'], hp['trim_scope'], hp['delta_transform'], hp['scaling_factor'], list(experts)
+    k, scope, dt, lam, names, rnd = hp['k'], hp['trim_scope'], hp['delta_transform'], hp['scaling_factor'], list(experts), hp.get('rounding', 'ceil')
     if scope == 'model':
         thr, sel = _model_thresholds(pretrained, experts, hp, runtime), _selection_dtype(pretrained, _float_keys(pretrained))
         info['thresholds'] = dict(thr)
@@ -166,7 +173,7 @@ def _ties_rule(pretrained, experts, hp, info, runtime):
             mag = tau.abs()
             if scope == 'model': keep = (mag if mag.dtype == sel else mag.to(sel)) >= thr[n]
             else:
-                if n not in tensor_thr: tensor_thr[n] = mag.flatten().kthvalue(mag.numel() - trim_count(k, mag.numel()) + 1).values
+                if n not in tensor_thr: tensor_thr[n] = mag.flatten().kthvalue(mag.numel() - trim_count(k, mag.numel(), rnd) + 1).values
                 keep = mag >= tensor_thr[n]
             return tau.mul_(keep)  # tau is a fresh tensor: trim in place
         return pre + lam * elect_and_merge(trimmed, names, hp['disjoint'])
@@ -208,6 +215,8 @@ def naive_ties_vector(taus:Tensor, # (experts, d) task vectors, each flattened o
 ties = declare(MergeMethod(
     'ties', 'TIES (per tensor, mergekit)', "TIES-merging as mergekit's `ties` runs it: per-tensor top-k%, disjoint mean, λ = 1.", 'training-free',
     hypers={**TIES_HYPERS, 'scaling_factor': Hyper(1.0, 'λ', "mergekit's ties (weights normalised, no extra scale)", float),
-            'trim_scope': Hyper('tensor', 'per tensor, as mergekit trims', "mergekit's ties", str, choices=('model', 'tensor'))},
+            'trim_scope': Hyper('tensor', 'per tensor, as mergekit trims', "mergekit's ties", str, choices=('model', 'tensor')),
+            'rounding': Hyper('floor', "keep count: mergekit's int(k/100·n) ('floor') or ⌈k·n/100⌉ ('ceil', ties_merging's)",
+                              'mergekit sparsify.magnitude', str, choices=ROUNDINGS)},
     rule=_ties_rule))
 

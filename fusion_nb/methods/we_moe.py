@@ -23,8 +23,8 @@ from .registry import Hyper, MergeMethod, OutputWeights, declare, check_models, 
 from .data import MergeData, entropy_loss
 
 # %% auto #0
-__all__ = ['weight_ensembling_moe', 'Router', 'WeightEnsemblingMLP', 'WEMoEVisionModel', 'build_we_moe', 'routers_state',
-           'we_moe_backward', 'we_moe_train', 'save_routers', 'load_routers']
+__all__ = ['ROUTINGS', 'weight_ensembling_moe', 'Router', 'WeightEnsemblingMLP', 'WEMoEVisionModel', 'build_we_moe',
+           'routers_state', 'we_moe_backward', 'we_moe_train', 'save_routers', 'load_routers']
 
 # %% ../../nbs/methods/34_we_moe.ipynb #c3d19fd5
 class Router(nn.Module):
@@ -46,6 +46,8 @@ class Router(nn.Module):
         return self.fc2(F.relu(self.fc1(h)) if self.hidden_layers == 2 else h)
 
 # %% ../../nbs/methods/34_we_moe.ipynb #c915f047
+ROUTINGS = ('sample', 'batch')  # evaluation routing: per sample (ours, the default) or FusionBench's batch average (leaky)
+
 class WeightEnsemblingMLP(nn.Module):
     "Drop-in for a CLIP MLP (fc1 → activation → fc2) whose weights are W₀ + Σₖ rₖ(x) τₖ per sample."
     def __init__(self,
@@ -54,13 +56,15 @@ class WeightEnsemblingMLP(nn.Module):
                  activation:nn.Module, # the MLP's activation (e.g. CLIP's quick_gelu)
                  init_lambda:float=0.3, router_hidden_layers:int=2,
                  batch_reduce:bool=True, # in training mode (test-time adaptation) average routing weights over the batch (FusionBench: true)
+                 routing:str='sample', # at evaluation: 'sample' (each sample its own) or 'batch' (FusionBench's: averaged over the batch, leaky)
                 ):
         super().__init__()
         keys = ('fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias')
         for k in keys:
             self.register_buffer('base_' + k.replace('.', '_'), pretrained_mlp[k].detach().float().clone())
             self.register_buffer('tv_' + k.replace('.', '_'), torch.stack([e[k].detach().float() - pretrained_mlp[k].float() for e in expert_mlps]))
-        self.activation, self.batch_reduce = activation, batch_reduce
+        if routing not in ROUTINGS: raise HyperparameterError(f"routing={routing!r}: expected one of {', '.join(ROUTINGS)}")
+        self.activation, self.batch_reduce, self.routing = activation, batch_reduce, routing
         self.router = Router(pretrained_mlp['fc1.weight'].shape[1], len(expert_mlps), init_lambda, router_hidden_layers)
 
     def routing_weights(self, hidden_states:Tensor, # (batch, tokens, hidden) input of the MLP
@@ -68,7 +72,7 @@ class WeightEnsemblingMLP(nn.Module):
                        )->Tensor:
         "(batch, experts): the router's output averaged over tokens (and over the batch when `reduce`)."
         r = self.router(hidden_states.float()).mean(dim=1)
-        if reduce is None: reduce = self.batch_reduce and self.training
+        if reduce is None: reduce = self.reduces()
         return r.mean(0, keepdim=True).expand_as(r) if reduce else r
 
     def _linear(self, x:Tensor, name:str, r:Tensor)->Tensor:
@@ -77,8 +81,12 @@ class WeightEnsemblingMLP(nn.Module):
         b = getattr(self, f'base_{name}_bias') + r @ getattr(self, f'tv_{name}_bias')
         return F.linear(x, W[0], b[0]) if len(r) == 1 else torch.baddbmm(b[:, None], x, W.transpose(1, 2))
 
+    def reduces(self)->bool:
+        "Whether the routing is averaged over the batch now: in adaptation with `batch_reduce`, or always with routing='batch'."
+        return (self.batch_reduce and self.training) or self.routing == 'batch'
+
     def forward(self, hidden_states:Tensor)->Tensor:
-        x, reduce = hidden_states.float(), self.batch_reduce and self.training
+        x, reduce = hidden_states.float(), self.reduces()
         r = self.routing_weights(x, reduce)
         if reduce: r = r[:1]   # one routing vector for the whole batch: merge each weight matrix once
         return self._linear(self.activation(self._linear(x, 'fc1', r)), 'fc2', r).to(hidden_states.dtype)
@@ -99,6 +107,14 @@ class WEMoEVisionModel(CLIPVisionModel):
             for h in handles: h.remove()
         return torch.stack(found, 1)
 
+    def set_routing(self, routing:str, # 'sample' (ours) or 'batch' (FusionBench's evaluation, leaky)
+                   )->WEMoEVisionModel:
+        "Switch every MoE MLP's evaluation routing; returns the model."
+        if routing not in ROUTINGS: raise HyperparameterError(f"routing={routing!r}: expected one of {', '.join(ROUTINGS)}")
+        for layer in _layers(self): layer.mlp.routing = routing
+        self.we_moe_info['routing'] = routing
+        return self
+
 
 # %% ../../nbs/methods/34_we_moe.ipynb #5c1da573
 def _layers(model:nn.Module)->nn.ModuleList:
@@ -112,6 +128,7 @@ def build_we_moe(pretrained:Mapping, # θ₀ (plain or lazy CLIPVisionModel stat
                  experts:Mapping, # task → fine-tuned state dict
                  config:CLIPVisionConfig, # the encoders' configuration
                  *, init_lambda:float=0.3, router_hidden_layers:int=2, batch_reduce:bool=True, seed:int=0,
+                 routing:str='sample', # evaluation routing: 'sample' or 'batch' (FusionBench's, leaky)
                  check:bool=True, device=None,
                 )->WEMoEVisionModel:
     "A CLIPVisionModel merged by task arithmetic at `init_lambda`, with every layer's MLP a WeightEnsemblingMLP; only routers train."
@@ -133,11 +150,11 @@ def build_we_moe(pretrained:Mapping, # θ₀ (plain or lazy CLIPVisionModel stat
         pre = f'encoder.layers.{l}.mlp.' if f'encoder.layers.{l}.mlp.fc1.weight' in pretrained else f'vision_model.encoder.layers.{l}.mlp.'
         sub = lambda sd, n: {k: read_tensor(sd, pre + k, n) for k in ('fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias')}
         layer.mlp = WeightEnsemblingMLP(sub(pretrained, 'pretrained'), [sub(e, n) for n, e in experts.items()], layer.mlp.activation_fn,
-                                        init_lambda, router_hidden_layers, batch_reduce)
+                                        init_lambda, router_hidden_layers, batch_reduce, routing)
     model.requires_grad_(False)
     for layer in layers: layer.mlp.router.requires_grad_(True)
     model.we_moe_info = {'tasks': list(experts), 'init_lambda': init_lambda, 'router_hidden_layers': router_hidden_layers,
-                         'batch_reduce': batch_reduce, 'seed': seed, 'history': []}
+                         'batch_reduce': batch_reduce, 'routing': routing, 'seed': seed, 'history': []}
     return model.to(device or 'cpu').eval()
 
 def routers_state(model:CLIPVisionModel)->dict[str, Tensor]:
@@ -199,6 +216,7 @@ def weight_ensembling_moe(pretrained:Mapping, experts:Mapping, *,
                           init_lambda:float=0.3, # routers' initial output and the non-MLP task-arithmetic λ (paper 000: 0.3)
                           router_hidden_layers:int=2, # paper 000: 2
                           batch_reduce:bool=True, # FusionBench: true
+                          routing:str='sample', # evaluation: 'sample' (ours) or 'batch' (FusionBench's protocol, leaky: averaged over each eval batch)
                           steps:int=1000, lr:float=1e-4, batch_size:int=16, # paper 000: 1000, 1e-4, 16
                           tasks:Sequence[str]|None=None, # tasks adapted on (default: the experts')
                           load_from:str|Path|None=None, # trained routers: skip training
@@ -209,7 +227,7 @@ def weight_ensembling_moe(pretrained:Mapping, experts:Mapping, *,
     config = data.model_pool.config if data is not None else None
     if config is None: raise HyperparameterError("weight_ensembling_moe needs `data` (its model pool gives the encoder configuration)")
     model = build_we_moe(pretrained, experts, config, init_lambda=init_lambda, router_hidden_layers=router_hidden_layers,
-                         batch_reduce=batch_reduce, seed=seed, check=check, device=device or data.device)
+                         batch_reduce=batch_reduce, routing=routing, seed=seed, check=check, device=device or data.device)
     if load_from is not None: load_routers(model, load_from)
     else: we_moe_train(model, data, tasks=tasks, steps=steps, lr=lr, batch_size=batch_size, seed=seed, progress=progress)
     if save_to is not None: save_routers(model, save_to)
@@ -232,6 +250,8 @@ weight_ensembling_moe = declare(MergeMethod(
     hypers={'init_lambda': Hyper(0.3, "routers' initial output and the non-MLP task-arithmetic λ", 'paper 000', float),
             'router_hidden_layers': Hyper(2, 'hidden layers of each router', 'paper 000', int, interval='[0, 2]'),
             'batch_reduce': Hyper(True, 'average the routing weights over the batch during adaptation', "FusionBench's we_moe config", bool),
+            'routing': Hyper('sample', "evaluation routing: 'sample' (each sample its own, ours) or 'batch' (averaged over each evaluation batch: FusionBench's protocol, leaks the task of single-task batches)",
+                             'ours; FusionBench evaluates as routing=batch', str, choices=ROUTINGS),
             'steps': Hyper(1000, 'router training steps', 'paper 000', int, interval='[0, inf)'),
             'lr': Hyper(1e-4, 'Adam learning rate of the routers', 'paper 000', float, interval='(0, inf)'),
             'batch_size': Hyper(16, 'unlabelled test images per task per step', 'paper 000', int, interval='[1, inf)'),

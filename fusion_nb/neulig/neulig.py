@@ -10,6 +10,7 @@ import json, math
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ from .portland import NeuLigModel, coop_ensemble, expert_logits, merged_logits
 __all__ = ['SETTINGS', 'LEVELS', 'neulig', 'visible_count', 'visible_split', 'visible_stream', 'neulig_loss', 'usage_balance',
            'coopvec_map', 'map_diagonal', 'coopvec_frame', 'epoch_steps', 'visible_features', 'train_portland',
            'save_portland', 'load_portland', 'transfer_portland', 'CoopClassifier', 'neulig_records',
-           'consistency_table']
+           'consistency_table', 'improvements', 'annotate_improvements']
 
 # %% ../../nbs/neulig/71_neulig.ipynb #740d12f6
 def visible_count(n:int, # size of the training split
@@ -40,11 +41,19 @@ def visible_count(n:int, # size of the training split
     return max(1, min(n, math.floor(data_scale * n + 0.5)))
 
 def visible_split(task, # a fusion_nb.pools.Task
-                  data_scale:float=1.0, seed:int=0):
-    "The seeded visible subset of `task`'s training split."
-    n = len(task.load(split='train'))
-    k = visible_count(n, data_scale)
-    return task.load(split='train', max_samples=0 if k == n else k, seed=seed)
+                  data_scale:float=1.0, seed:int=0,
+                  indices:Sequence[int]|None=None, # only these rows of the training split may be seen (Table s8: model-A's half)
+                 ):
+    "The seeded visible subset of `task`'s training split (or of its rows `indices`)."
+    if indices is None:
+        n = len(task.load(split='train'))
+        k = visible_count(n, data_scale)
+        return task.load(split='train', max_samples=0 if k == n else k, seed=seed)
+    rows = sorted({int(i) for i in indices}); ds = task.load(split='train')
+    if not rows or rows[0] < 0 or rows[-1] >= len(ds): raise HyperparameterError(f"indices for {task.name!r} must be rows 0 … {len(ds) - 1} of its training split")
+    k = visible_count(len(rows), data_scale)
+    pick = rows if k == len(rows) else sorted(np.random.default_rng([seed, 71]).choice(rows, k, replace=False).tolist())
+    return ds.select(pick)
 
 # %% ../../nbs/neulig/71_neulig.ipynb #b1445913
 SETTINGS = ('semi-supervised', 'supervised')
@@ -128,6 +137,7 @@ def train_portland(model:NeuLigModel, data:MergeData, *,
                    balance:float=1.0, # β: weight of the usage-balance term (semi-supervised setting only)
                    seed:int=0, progress:bool=True,
                    after_step:Callable[[int], None]|None=None, # called after every step with its number (Table s8 evaluates after each epoch)
+                   subsets:Mapping[str, Sequence[int]]|None=None, # task → training-split rows Portland may see (Table s8: the A halves); None: all
                   )->dict:
     "Train Portland collaboratively over all the experts; returns info with the loss history and the map's history."
     check_choice('setting', setting, SETTINGS); check_interval('data_scale', data_scale, '(0, 1]')
@@ -137,7 +147,9 @@ def train_portland(model:NeuLigModel, data:MergeData, *,
     unknown = [t for t in tasks if t not in data.tasks]
     if unknown: raise FusionError(f"no data for task(s) {unknown}; MergeData covers {', '.join(data.tasks)}")
     seed_everything(seed)
-    visible = {t: visible_split(data.task_pool[t], data_scale, seed) for t in tasks}
+    missing = [t for t in tasks if subsets is not None and t not in subsets]
+    if missing: raise HyperparameterError(f"subsets has no training rows for task(s) {missing}")
+    visible = {t: visible_split(data.task_pool[t], data_scale, seed, None if subsets is None else subsets[t]) for t in tasks}
     labelled = setting == 'supervised'
     streams = {t: visible_stream(ds, data.model_pool.processor, batch_size, seed + i, labelled) for i, (t, ds) in enumerate(visible.items())}
     feats = visible_features(model, data, visible)
@@ -263,6 +275,25 @@ def consistency_table(records:pd.DataFrame, # tidy: a row column, task, level (m
     out = pd.DataFrame(cols)
     out.columns = pd.MultiIndex.from_tuples(out.columns, names=['task', ''])
     return out.reindex(list(dict.fromkeys(acc[row])))
+
+# %% ../../nbs/neulig/71_neulig.ipynb #d08c7f54
+def improvements(avg:pd.DataFrame, # rows × ('Mer.', 'Ens.', 'Gap'): the tables' Avg. block
+                 rows:Sequence[str], # the rows to annotate (NeuLig's)
+                 baselines:Sequence[str], # the rows they are compared with (NaN cells ignored)
+                )->pd.DataFrame:
+    "Per row: Mer. and Ens. minus the best baseline's, Gap minus the smallest baseline Gap (paper 001's '(+x.xx)')."
+    best = {'Mer.': avg.loc[list(baselines), 'Mer.'].max(), 'Ens.': avg.loc[list(baselines), 'Ens.'].max(), 'Gap': avg.loc[list(baselines), 'Gap'].min()}
+    return pd.DataFrame({m: avg.loc[list(rows), m] - b for m, b in best.items()})
+
+def annotate_improvements(printed:pd.DataFrame, # a printable table (strings) with an ('Avg.', measure) block
+                          diffs:pd.DataFrame, # `improvements`
+                          decimals:int=2)->pd.DataFrame:
+    "`printed` with ' (+x.xx)' appended to the Avg. cells of the annotated rows."
+    out = printed.copy()
+    for r in diffs.index:
+        for m in diffs.columns:
+            if pd.notna(diffs.loc[r, m]): out.loc[r, ('Avg.', m)] = f"{out.loc[r, ('Avg.', m)]} ({diffs.loc[r, m]:+.{decimals}f})"
+    return out
 
 # %% ../../nbs/neulig/71_neulig.ipynb #0c23164a
 def neulig(pretrained:Mapping, experts:Mapping, *,

@@ -20,8 +20,8 @@ from ..core import HyperparameterError, IncompatibleModelsError
 from ..methods.registry import MergedStateDict, check_models, check_pool, read_tensor
 
 # %% auto #0
-__all__ = ['Portland', 'check_coopvec', 'stack_experts', 'coop_params', 'merge_with_coopvec', 'coop_ensemble', 'NeuLigModel',
-           'merged_pooled', 'expert_logits', 'merged_logits', 'ensemble_logprobs']
+__all__ = ['ENSEMBLE_COMBINES', 'Portland', 'check_coopvec', 'stack_experts', 'coop_params', 'merge_with_coopvec',
+           'coop_ensemble', 'NeuLigModel', 'merged_pooled', 'expert_logits', 'merged_logits', 'ensemble_logprobs']
 
 # %% ../../nbs/neulig/70_portland.ipynb #f65ec105
 class Portland(nn.Module):
@@ -90,13 +90,18 @@ def merge_with_coopvec(pretrained:Mapping|None, experts:Mapping,
     return out
 
 # %% ../../nbs/neulig/70_portland.ipynb #2852d57a
+ENSEMBLE_COMBINES = ('logits', 'probs')  # Σ cₖ logitsₖ (every row's operator) or log Σ cₖ pₖ (labelled variant)
+
 def coop_ensemble(expert_logits:Tensor, # (K, batch, classes) each expert's logits
                   coopvecs:Tensor, # (batch, K), or (K,) shared by the batch
+                  combine:str='logits', # 'logits': log_softmax(Σₖ cₖ logitsₖ), the baselines' operator; 'probs': log Σₖ cₖ pₖ (variant)
                  )->Tensor:
-    "Log-probabilities (batch, classes) of the CoopVec-weighted ensemble: log Σₖ cₖ softmax(logitsₖ)."
+    "Log-probabilities (batch, classes) of the CoopVec-weighted ensemble of the experts' outputs."
+    if combine not in ENSEMBLE_COMBINES: raise HyperparameterError(f"combine={combine!r}: expected one of {', '.join(ENSEMBLE_COMBINES)}")
     K, B = expert_logits.shape[:2]
     c = coopvecs.float().expand(B, K) if coopvecs.dim() == 1 else coopvecs.float()
     if c.shape != (B, K): raise HyperparameterError(f"CoopVecs of shape {tuple(coopvecs.shape)} for {K} experts and {B} samples")
+    if combine == 'logits': return F.log_softmax(torch.einsum('bk,kbc->bc', c, expert_logits.float()), -1)
     logw = c.clamp_min(torch.finfo(torch.float32).tiny).log().T[:, :, None]   # (K, batch, 1); a zero weight drops its expert
     return torch.logsumexp(F.log_softmax(expert_logits.float(), -1) + logw, dim=0)
 
