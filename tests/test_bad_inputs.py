@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import CLIPVisionConfig, CLIPVisionModel
 
-from fusion_nb.core import FusionError, HyperparameterError, UnknownNameError
+from fusion_nb.core import FusionError, HyperparameterError, IncompatibleModelsError, NonFiniteError, UnknownNameError
 
 TINY_CFG = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8)
 
@@ -91,6 +91,54 @@ def bad_thread_override(tmp):
     os.environ['FUSION_NB_BUILD_THREADS'] = '0'
     return build_threads
 
+# --- issue 26 (items 6, 11, 13: i26) ---------------------------------------------------------------------------------
+
+def non_utf8_on_line_371(tmp):
+    (tmp/'settings.ini').write_bytes(b'[p]\npretrained = a/b\n' + b'# a long comment, line after line, past a decode chunk\n' * 368 + b'x = caf\xe9\n')
+    from fusion_nb.reproduce.profiles import list_profiles
+    return lambda: list_profiles(tmp/'settings.ini')
+
+def _with_root(tmp, call):
+    "`call` with FUSION_NB_ROOT at `tmp` (a merge config's profile is read from the project's settings.ini)."
+    def run():
+        old = os.environ.get('FUSION_NB_ROOT'); os.environ['FUSION_NB_ROOT'] = str(tmp)
+        try: return call()
+        finally:
+            if old is None: os.environ.pop('FUSION_NB_ROOT', None)
+            else: os.environ['FUSION_NB_ROOT'] = old
+    return run
+
+def bad_budget_in_settings(tmp):
+    (tmp/'settings.ini').write_text('[p]\npretrained = ./m\ntasks = a b\nexpert_template = ./m_{task}\nadamerging_steps = -5\n')
+    from fusion_nb.reproduce.merge_config import load_merge_config
+    return _with_root(tmp, lambda: load_merge_config({'method': 'layer_wise_adamerging', 'profile': 'p', 'base_model': './m',
+                                                      'models': [{'model': './m_a'}, {'model': './m_b'}]}))
+
+def template_without_task(tmp):
+    (tmp/'settings.ini').write_text('[p]\npretrained = ./m\ntasks = a b\nexpert_template = ./models/expert\n')
+    from fusion_nb.reproduce.profiles import load_profile
+    return lambda: load_profile('p', settings=tmp/'settings.ini')
+
+def experts_named_like_the_base(tmp):
+    from fusion_nb.merge import merge
+    e = {'w': torch.ones(3)}
+    return lambda: merge('task_arithmetic', {'w': torch.zeros(4)}, {'pretrained': e, '_pretrained_': e}, progress=False)
+
+def experts_none(tmp):
+    from fusion_nb.merge import merge
+    return lambda: merge('task_arithmetic', {'w': torch.zeros(3)}, None, progress=False)
+
+def nan_weights_saved(tmp):
+    from fusion_nb.checkpoints import save_state_dict
+    return lambda: save_state_dict({'w': torch.tensor([1.0, float('nan')])}, tmp/'w.safetensors')
+
+def truncated_arrow(tmp):
+    from conftest import micro_dataset
+    d = micro_dataset(tmp/'ds', ['a', 'b'], splits={'train': 4, 'test': 8})
+    f = next((d/'test').glob('*.arrow')); f.write_bytes(f.read_bytes()[:len(f.read_bytes()) // 2])
+    from fusion_nb.pools import Task
+    return lambda: Task('toy', d).load()
+
 LIBRARY = [  # case, setup, exception, message fragments (all must appear), fragments that must not
     ('settings.ini with a non-UTF-8 byte', non_utf8_settings, FusionError, ['settings.ini is not UTF-8 text: byte 0xe9 on line 3'], []),
     ('misspelt settings.ini key', misspelt_key, FusionError, ["profile 'p'", "unknown key 'bach_size' (did you mean 'batch_size'"], []),
@@ -105,6 +153,18 @@ LIBRARY = [  # case, setup, exception, message fragments (all must appear), frag
     ('empty test split', empty_test_split, FusionError, ["dataset of task 'toy': split 'test' of", 'is empty (0 examples)'], []),
     ('unwritable output root', unwritable_output_root, FusionError, ["cannot write the outputs of profile 'tiny' to", '--output-root'], []),
     ('FUSION_NB_BUILD_THREADS=0', bad_thread_override, HyperparameterError, ["FUSION_NB_BUILD_THREADS='0': expected an integer ≥ 1"], []),
+    # issue 26
+    ('11: non-UTF-8 byte on line 371 of settings.ini', non_utf8_on_line_371, FusionError, ['is not UTF-8 text: byte 0xe9 on line 371;'], []),
+    ('13: bad budget in settings.ini, read for a merge config', bad_budget_in_settings, FusionError,
+     ["profile: profile 'p' in", "settings.ini: adamerging_steps = '-5' is invalid: expected an integer in [0, inf)"], ['steps=-5']),
+    ('6: expert_template without {task}', template_without_task, FusionError,
+     ["profile 'p': expert_template = './models/expert' is invalid: it has no {task}, so tasks a, b would all get the same expert"], []),
+    ("6: experts named 'pretrained' and '_pretrained_'", experts_named_like_the_base, IncompatibleModelsError,
+     ["tensor 'w': shape [3] in model 'pretrained' but [4] in 'θ₀ (the pretrained model)'"], []),
+    ('11: experts=None', experts_none, HyperparameterError, ["task_arithmetic: experts is None; pass the models to merge"], []),
+    ('6: save_state_dict with NaN', nan_weights_saved, NonFiniteError, ["w.safetensors': tensor 'w' holds 1 NaN and 0 Inf value(s)"], []),
+    ('11: truncated .arrow file', truncated_arrow, FusionError,
+     ["dataset of task 'toy': split 'test' of", "cannot be read: one of its files (data-00000-of-00001.arrow) is truncated or corrupt"], []),
 ]
 
 @pytest.mark.parametrize('case, setup, exc, parts, absent', LIBRARY, ids=[c[0] for c in LIBRARY])
@@ -155,6 +215,73 @@ def test_cli_bad_input(case, settings, args, status, parts, tmp_path):
     assert r.returncode == status, r.stderr
     assert 'Traceback' not in r.stderr and r.stderr.startswith('fusion-nb: error: '), r.stderr
     for p in parts: assert p in r.stderr, r.stderr
+
+# --- issue 26 on the command line (items 2, 7, 12, 13: i26) ----------------------------------------------------------
+# The other items of issue 26 are tested where their code lives: 1, 4, 8, 13 (neulig export before training), 14 (i29):
+# tests/test_export.py, tests/test_merge_cli.py, tests/test_hf_merge.py; 3 (uq_merge's out_dir/merged): tests/test_llava*.py;
+# 5 (attack step_size/topk), 10 (counterfactual fine-tuning's last batch of 1): tests/test_attacks.py, tests/test_masking.py.
+# Item 9 (ray --address 127.0.0.1:1: "cannot reach the Ray cluster at '127.0.0.1:1' within 10 s", rc 2) is in tests/test_ray.py,
+# item 15 (a table cell that does not apply prints '–', the .csv keeps NaN) below and in nbs/reproduce/91_reports.ipynb.
+
+def _users_notes(root):
+    (root/'outputs'/'demo'/'00_a').mkdir(parents=True); (root/'outputs'/'demo'/'00_a'/'my_notes.md').write_text('mine')
+    return [root/'outputs'/'demo'/'00_a'/'my_notes.md']
+
+def _empty_notebook(root):
+    (root/'nbs'/'experiments'/'Untitled.ipynb').write_text('')
+    return [root/'nbs'/'experiments'/'Untitled.ipynb']
+
+MODULE = [sys.executable, '-m', 'fusion_nb.reproduce.runner']
+CLI_26 = [  # case, settings.ini, setup (→ files that must survive), command, exit status, stream, fragments
+    ('2: a file of the user in an experiment folder', GOOD, _users_notes, ['reproduce', '--profile', 'demo', '--force'], 2, 'stderr',
+     ['fusion-nb: error: [00_a]', 'holds 1 file(s) the runner did not write (my_notes.md)', 'Move them out of it']),
+    ('7: an empty Untitled.ipynb, reproduce', GOOD, _empty_notebook, ['reproduce', '--profile', 'demo'], 2, 'stderr',
+     ['fusion-nb: error: experiment notebook', 'Untitled.ipynb is not a readable notebook (JSONDecodeError: Expecting value']),
+    ('7: an empty Untitled.ipynb, list', GOOD, _empty_notebook, ['list'], 0, 'stdout',
+     ['00_a', 'Untitled', '(unreadable: experiment notebook']),
+    ('13: a bad budget in settings.ini', GOOD + 'adamerging_steps = -5\n', None, ['reproduce', '--profile', 'demo'], 2, 'stderr',
+     ["fusion-nb: error: profile 'demo' in", "settings.ini: adamerging_steps = '-5' is invalid: expected an integer in [0, inf)"]),
+    ('13: python -m fusion_nb.reproduce.runner list', GOOD, None, ['list'], 0, 'stdout', ['demo', '00_a']),
+    ('13: python -m fusion_nb.reproduce.runner without a command', GOOD, None, [], 2, 'stderr', ['usage: fusion-nb', 'required: cmd']),
+]
+
+@pytest.mark.parametrize('case, settings, setup, args, status, stream, parts', CLI_26, ids=[c[0] for c in CLI_26])
+def test_cli_bad_input_26(case, settings, setup, args, status, stream, parts, tmp_path):
+    "Each as `python -m fusion_nb.reproduce.runner` (item 13: it ran nothing and exited 0), which is `fusion-nb`."
+    root = _project(tmp_path, settings)
+    kept = setup(root) if setup else []
+    r = subprocess.run([*MODULE, *args], env={**os.environ, 'FUSION_NB_ROOT': str(root)}, capture_output=True, text=True, cwd=root)
+    assert r.returncode == status and 'Traceback' not in r.stderr, (r.returncode, r.stderr)
+    for p in parts: assert p in getattr(r, stream), getattr(r, stream)
+    assert all(f.exists() for f in kept) and not (root/'outputs'/'demo'/'00_a'/'run.ipynb').exists()   # nothing deleted, nothing ran
+
+SLOW = "from pathlib import Path\nPath(output_dir, 'started').write_text('')\nimport time\ntime.sleep(120)"
+
+def test_ctrl_c_during_reproduce_is_one_line_and_leaves_nothing(tmp_path):
+    "Item 12: Ctrl-C (SIGINT to the process group, as a terminal sends it) printed a 20-line ZMQ traceback and left a .failed.ipynb."
+    import nbformat, signal, time
+    root = _project(tmp_path, GOOD)
+    nb = nbformat.read(str(root/'nbs'/'experiments'/'00_a.ipynb'), as_version=4); nb.cells[-1].source = SLOW
+    nbformat.write(nb, str(root/'nbs'/'experiments'/'00_a.ipynb'))
+    p = subprocess.Popen([*MODULE, 'reproduce', '--profile', 'demo', '--no-progress'], env={**os.environ, 'FUSION_NB_ROOT': str(root)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    t0 = time.time()
+    while not list((root/'outputs').rglob('started')) and time.time() - t0 < 90 and p.poll() is None: time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and 'Traceback' not in err and 'ZMQError' not in err, err
+    assert err.strip().splitlines()[-1] == 'fusion-nb: interrupted; finished experiments keep their outputs', err
+    assert sorted(f.name for f in (root/'outputs'/'demo').iterdir()) == []   # no .failed.ipynb/.json, no temporaries, no half folder
+
+def test_a_cell_that_does_not_apply_prints_a_dash(tmp_path):
+    "Item 15: experiment 01's Ens./Gap of TIES and the pre-trained row printed `nan`; the papers print a dash."
+    import pandas as pd
+    from fusion_nb.reproduce.reports import save_table
+    t = pd.DataFrame({'Mer.': [48.2, 69.1], 'Ens.': [float('nan'), 72.3], 'Gap': [float('nan'), -3.2]},
+                     index=pd.Index(['Pre-trained', 'TIES'], name='method'))
+    md, csv = (save_table(t, tmp_path, 'table')[k] for k in ('md', 'csv'))
+    assert 'nan' not in md.read_text() and [c.strip() for c in md.read_text().splitlines()[2].strip('|').split('|')] == ['Pre-trained', '48.2', '–', '–']
+    assert pd.read_csv(csv, index_col=0).loc['Pre-trained'].isna().tolist() == [False, True, True]
 
 # --- damaged built data is rebuilt, not trusted ----------------------------------------------------------------------
 

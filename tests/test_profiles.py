@@ -1,5 +1,5 @@
 "Profiles from settings.ini: parsing, checks, hub access (fail fast, or run offline from the caches), prepare()."
-import http.server, json, os, socket, threading, time
+import http.server, json, os, re, socket, threading, time
 from pathlib import Path
 
 import pytest
@@ -338,3 +338,28 @@ def test_a_renamed_copy_of_a_paper_profile_is_compared_with_the_paper(tmp_path):
         assert not re.search(r"paper_(table|rows|wide)\([^)\n]*P\.name|\['model'\] == P\.name", src), nb.name
         for c in json.loads(src)['cells']:   # and still compiles (an edited import once did not)
             if c['cell_type'] == 'code': compile('\n'.join(l for l in ''.join(c['source']).split('\n') if not l.lstrip().startswith(('%', '!'))), nb.name, 'exec')
+
+def test_budget_ranges_agree_with_the_declarations():
+    "settings.ini's budget checks (BUDGET_RANGES) use the type and interval of every method hyperparameter each key sets."
+    from fusion_nb.merge import MERGE_METHODS
+    from fusion_nb.reproduce.profiles import BUDGET_KEYS, BUDGET_RANGES
+    seen = set()
+    for n in MERGE_METHODS.names():
+        m = MERGE_METHODS[n]
+        for hyper, key in m.budgets.items():
+            assert BUDGET_RANGES[key] == (m.hypers[hyper].type, m.hypers[hyper].interval), (n, hyper, key)
+            seen.add(key)
+    assert seen == set(BUDGET_RANGES) == BUDGET_KEYS
+
+def test_every_budget_of_every_profile_is_valid_and_a_bad_one_names_file_profile_and_key(tmp_path):
+    from fusion_nb.reproduce.profiles import list_profiles, load_profile
+    for name in list_profiles(): load_profile(name)   # the shipped settings.ini passes the new checks
+    ini = tmp_path/'settings.ini'
+    for key, value, why in [('adamerging_steps', '-5', 'an integer in [0, inf)'), ('wemoe_lr', '0', 'a number in (0, inf)'),
+                            ('fisher_examples', '0', 'an integer in [1, inf)'), ('neulig_lr', 'nan', 'a number in (0, inf)'),
+                            ('tta_batch_size', 'eight', 'an integer in [1, inf)')]:
+        ini.write_text(f'[p]\npretrained = a/b\ntasks = x\n{key} = {value}\n')
+        with pytest.raises(FusionError, match=re.escape(f"profile 'p' in {ini}: {key} = '{value}' is invalid: expected {why}")):
+            load_profile('p', settings=ini)
+    ini.write_text('[p]\npretrained = a/b\ntasks = x\nadamerging_steps = 0\nwemoe_lr = 1e-9\nfisher_examples = 1\n')
+    load_profile('p', settings=ini)   # the smallest allowed values

@@ -96,3 +96,21 @@ def test_a_real_experiment_gives_the_same_table_on_ray(micro_project, tmp_path):
     assert len(local) == 8 and local.drop(columns='value').equals(on_ray.drop(columns='value'))   # 4 rows × 2 metrics
     assert on_ray.value.tolist() == pytest.approx(local.value.tolist(), rel=1e-6)
     assert reproduce('micro-test', output_root=tmp_path/'ray', backend='ray', **kw) == {'00_individual': 'skipped'}
+
+def test_an_unreachable_address_fails_in_time_naming_it(ray_project, tmp_path):
+    "Issue 26, item 9: `--address 127.0.0.1:1` hung past 200 s with only Ray's warnings; now a named error within the stated timeouts."
+    import socket, subprocess, sys, time
+    from fusion_nb.reproduce.runner import RAY_CONNECT_TIMEOUT, check_ray_address
+    t0 = time.time()
+    r = subprocess.run([sys.executable, '-m', 'fusion_nb.reproduce.runner', 'reproduce', '--profile', 'demo', '--backend', 'ray',
+                        '--address', '127.0.0.1:1', '--no-progress'], env={**os.environ, 'FUSION_NB_ROOT': str(ray_project)},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr
+    assert f"fusion-nb: error: cannot reach the Ray cluster at '127.0.0.1:1' within {RAY_CONNECT_TIMEOUT:g} s" in r.stderr
+    assert time.time() - t0 < 60 and not (ray_project/'outputs'/'demo'/'00_ok').exists()
+    with socket.socket() as s:   # something listens there, but it is no Ray cluster (ray.init blocked for minutes)
+        s.bind(('127.0.0.1', 0)); s.listen(8)
+        t0 = time.time()
+        with pytest.raises(FusionError, match=rf"could not join the Ray cluster at '127.0.0.1:{s.getsockname()[1]}' within 3 s"):
+            check_ray_address(f'127.0.0.1:{s.getsockname()[1]}', join_timeout=3)
+        assert time.time() - t0 < 10

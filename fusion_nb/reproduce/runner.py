@@ -16,13 +16,13 @@ from .reports import write_report
 import fusion_nb
 
 # %% auto #0
-__all__ = ['BACKENDS', 'experiments_dir', 'list_experiments', 'read_notebook', 'experiment_title', 'select_experiments',
-           'notebook_parameters', 'experiment_parameters', 'notebook_hash', 'package_hash', 'hash_cache',
-           'second_backbone_sources', 'data_fingerprint', 'experiment_inputs', 'why_rerun', 'foreign_files',
-           'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
-           'run_experiment', 'ray_module', 'run_local', 'run_on_ray', 'run_jobs', 'check_backend',
-           'writable_profile_dir', 'profile_experiments', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep',
-           'sweep', 'main']
+__all__ = ['BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiments_dir', 'list_experiments', 'read_notebook',
+           'experiment_title', 'select_experiments', 'notebook_parameters', 'experiment_parameters', 'notebook_hash',
+           'package_hash', 'hash_cache', 'second_backbone_sources', 'data_fingerprint', 'experiment_inputs',
+           'why_rerun', 'foreign_files', 'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths',
+           'run_reason', 'record_failure', 'run_experiment', 'ray_module', 'run_local', 'check_ray_address',
+           'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'profile_experiments', 'reproduce',
+           'sweep_points', 'point_name', 'merge_sweep', 'sweep', 'main']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #217cbc0a
 def experiments_dir(root:str|Path|None=None)->Path:
@@ -167,6 +167,13 @@ def _kernel_pythonpath()->str:
     "PYTHONPATH that makes a kernel or Ray worker import this fusion_nb (the one `package_hash` fingerprinted), then the caller's."
     return os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
 
+def _kernel_manager(stderr):
+    "A kernel manager class whose kernels write their stderr to the file `stderr`: a Ctrl-C's shutdown tracebacks stay out of the terminal."
+    from jupyter_client.manager import AsyncKernelManager
+    class KernelManager(AsyncKernelManager):
+        async def start_kernel(self, **kw): return await super().start_kernel(**{'stderr': stderr, **kw})
+    return KernelManager
+
 def _last_line(e:BaseException)->str:
     lines = [l for l in str(e).strip().splitlines() if l.strip()]
     return lines[-1].strip() if lines else type(e).__name__
@@ -264,7 +271,7 @@ def run_experiment(name:str, # experiment (notebook stem)
                    folder:str|Path|None=None, # output folder (default: `<output_root>/<profile>/<name>`)
                   )->str:
     "Run experiment `name` for `profile` into its output folder; return 'skipped', 'ok' or 'failed'."
-    import papermill
+    import papermill, tempfile
     nb, out, failed_nb, marker = experiment_paths(name, profile, output_root, folder)
     label = name if folder is None else out.name
     why, inputs = run_reason(name, profile, output_root, force, overrides, folder)
@@ -277,12 +284,18 @@ def run_experiment(name:str, # experiment (notebook stem)
     try:
         # the kernel imports the fusion_nb whose sources `package_hash` fingerprinted, not another install;
         # OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep, not spin, on a busy machine (same results)
-        with atomic_dir(out) as tmp, _env(FUSION_NB_ROOT=profile.root, PYTHONPATH=_kernel_pythonpath(), OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')):
+        with atomic_dir(out) as tmp, tempfile.TemporaryFile() as kernel_err, \
+             _env(FUSION_NB_ROOT=profile.root, PYTHONPATH=_kernel_pythonpath(), OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')):
             try:
                 papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**inputs['parameters'], 'output_dir': str(tmp)},
-                                           kernel_name='python3', cwd=str(nb.parent), progress_bar=progress)
-            except BaseException:
+                                           kernel_name='python3', cwd=str(nb.parent), progress_bar=progress,
+                                           kernel_manager_class=_kernel_manager(kernel_err))
+            except Exception as e:   # a Ctrl-C (KeyboardInterrupt) leaves no notebook behind: the run did not fail
+                if getattr(e, 'ename', None) == 'KeyboardInterrupt': raise KeyboardInterrupt from None   # the kernel's
                 if (tmp/'run.ipynb').exists(): atomic_write_text(failed_nb, (tmp/'run.ipynb').read_text())
+                kernel_err.seek(0)
+                said = [l for l in kernel_err.read().decode(errors='replace').splitlines() if l.strip() and 'running over TCP' not in l]
+                if said: log(f"[{label}] the kernel's stderr ended with:\n" + '\n'.join(said[-5:]))
                 raise
             # the executed notebook names its final folder, so that re-running it writes there
             atomic_write_text(tmp/'run.ipynb', (tmp/'run.ipynb').read_text().replace(str(tmp), str(out)))
@@ -330,9 +343,36 @@ def _ray_task(job:dict, profile:Profile, output_root, force:bool, env:dict)->tup
     status = run_experiment(profile=profile, output_root=output_root, force=force, progress=False, log=lines.append, **job)
     return status, lines
 
+RAY_CONNECT_TIMEOUT = 10.0   # seconds to reach a Ray cluster's address (ray.init alone retries for minutes)
+RAY_JOIN_TIMEOUT = 60.0      # seconds for ray.init to join the cluster there (something that answers but is no Ray cluster)
+
+def check_ray_address(address:str|None, # `host:port` or `ray://host:port`; None: $RAY_ADDRESS, else a local instance
+                      timeout:float=RAY_CONNECT_TIMEOUT, # seconds for a TCP connection to the address
+                      join_timeout:float=RAY_JOIN_TIMEOUT, # seconds for ray.init to join what answers there
+                     )->None:
+    "Fail, naming the address, when nothing answers there within `timeout` seconds, or no Ray cluster within `join_timeout`."
+    import socket, subprocess
+    address = address or os.environ.get('RAY_ADDRESS')
+    if not address or address in ('auto', 'local'): return
+    hostport = address.split('://', 1)[-1].rstrip('/')
+    host, _, port = hostport.rpartition(':')
+    if not port.isdigit(): host, port = hostport, '10001' if address.startswith('ray://') else '6379'   # Ray's default ports
+    try: socket.create_connection((host.strip('[]'), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise FusionError(f"cannot reach the Ray cluster at {address!r} within {timeout:g} s ({e.strerror or type(e).__name__}); "
+                          "start it (ray start --head) or give the right --address (or $RAY_ADDRESS)") from None
+    try:   # something answers: join it once in a child process, which can be stopped (ray.init blocks in C++ for minutes)
+        r = subprocess.run([sys.executable, '-c', 'import sys, ray; ray.init(address=sys.argv[1], include_dashboard=False, '
+                            'log_to_driver=False)', address], capture_output=True, text=True, timeout=join_timeout)
+    except subprocess.TimeoutExpired:
+        raise FusionError(f"could not join the Ray cluster at {address!r} within {join_timeout:g} s: something answers there, "
+                          "but not as a Ray cluster does; check --address (or $RAY_ADDRESS)") from None
+    if r.returncode: raise FusionError(f"could not join the Ray cluster at {address!r}: {_last_line(Exception(r.stderr))}")
+
 def _connect(ray, address:str|None, profile:Profile, log)->None:
     "Join (or start) the Ray cluster; fail at once if one experiment asks for more than it has (it would wait forever)."
     if not ray.is_initialized():   # else: a session the caller opened (tests, notebooks)
+        check_ray_address(address)
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
         log(f"ray: {'connected to ' + address if address else 'local instance'}, resources {ray.cluster_resources()}")
     have = ray.cluster_resources()
@@ -547,7 +587,8 @@ def _add_backend_options(p:argparse.ArgumentParser)->None:
     p.add_argument('--backend', choices=BACKENDS, default='local',
                    help='where experiments run: local (one after the other, here; default) or ray (Ray tasks asking for '
                         "the profile's cpus_per_experiment/gpus_per_experiment; pip install 'fusion_nb[ray]')")
-    p.add_argument('--address', default=None, help='the Ray cluster to join (--backend ray; default: a local instance, or $RAY_ADDRESS)')
+    p.add_argument('--address', default=None, help='the Ray cluster to join (--backend ray; default: a local instance, or $RAY_ADDRESS); '
+                        'an address that does not answer fails within 10 s, one that is no Ray cluster within 60 s')
 
 def _add_sweep_parser(sub)->None:
     s = sub.add_parser('sweep', help='run one experiment notebook over a grid of parameters; merge its results.csv')
