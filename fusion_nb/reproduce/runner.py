@@ -134,7 +134,7 @@ def experiment_inputs(nb_path:str|Path, # the experiment notebook
     "What an experiment's outputs depend on, with their `hash`."
     d = {'notebook': notebook_hash(nb_path), 'parameters': params, 'version': fusion_nb.__version__, 'package': package_hash()}
     if profile is not None:
-        d['profile'] = {k: v for k, v in vars(profile).items() if k not in ('root', *PLACEMENT_KEYS)}   # not where it ran
+        d['profile'] = {k: v for k, v in vars(profile).items() if k not in ('root', 'raw', *PLACEMENT_KEYS)}   # not where it ran; `raw` repeats the keys as written
         d['data'] = data_fingerprint(profile)
     d['hash'] = _sha(d)
     return d
