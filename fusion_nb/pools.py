@@ -89,7 +89,7 @@ def hub_layout_files(path:Path, # a folder as `hf download --repo-type dataset â
     "The format, split â†’ files and card features of a local folder in the hub's layout, resolved as `datasets.load_dataset` does."
     try: b = datasets.load_dataset_builder(str(path), config)
     except (ValueError, FileNotFoundError) as e:
-        raise FusionError(f"dataset of task {task!r}: {str(path)!r} is neither a dataset saved with save_to_disk nor one in the hub's "
+        raise FusionError(f"dataset of task {task!r}: {str(path)!r} is not a dataset saved with save_to_disk, nor one in the hub's "
                           f"layout that datasets.load_dataset reads (parquet shards under data/ or <config>/, a README.md card "
                           f"with `configs:`){f' with a config {config!r}' if config else ''}: {e}") from None
     return type(b).__module__.split('.')[-1], {str(k): list(v) for k, v in (b.config.data_files or {}).items()}, b.info.features

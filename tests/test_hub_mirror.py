@@ -167,3 +167,28 @@ def test_paper_003_profile_on_the_mirror(imagenet_mirror):
     assert set(rec['task']) == {'imagenet', 'imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a'}
     assert (out/'table1_vs_paper.csv').exists()
     print(f'paper 003 (experiment 30) on the mirror: {time.time() - t0:.1f} s')
+
+def test_paper_003_sets_on_the_mirror_are_read_and_scored(imagenet_mirror):
+    "prepare opens all six sets in their published layouts; experiment 30's reading path scores each over its classes, R and A by WordNet id."
+    from fusion_nb.catalog import IMAGENET, IMAGENET_WNIDS
+    from fusion_nb.masking.counterfactual_ft import evaluate_id_ood, evaluation_splits
+    from fusion_nb.masking.imagenet_data import id_text
+    from fusion_nb.pools import ModelPool, Task
+    from fusion_nb.reproduce.profiles import load_profile, prepare
+    P = prepare(load_profile('b32-imagenet-mirror', settings=imagenet_mirror/'settings.ini'), log=lambda s: None)
+    splits = evaluation_splits(P.tasks, P.test_split, P.extra['test_splits'])
+    sets = {t: Task(t, P.datasets[t], split=splits[t]).load() for t in P.tasks}
+    assert [sets['imagenet_r'].features['label'].names[y] for y in sets['imagenet_r']['label']] == \
+           pq_wnids(imagenet_mirror/'mirror'/'datasets'/'axiong'/'imagenet-r')   # each image keeps its WordNet id
+    pool = ModelPool(P.pretrained, {}, 'cpu')
+    ID = id_text(P, 'imagenet', sets['imagenet'].features['label'].names)
+    assert ID.wnids == list(IMAGENET_WNIDS) and len(ID.templates) == len(IMAGENET.templates)
+    rec = evaluate_id_ood({'zero_shot': pool.clip.vision_model}, pool.clip, pool.tokenizer, pool.processor, sets, ID.class_names,
+                          ID.templates[:2], batch_size=8, device='cpu', progress=False, id_wnids=ID.wnids, id_aliases=ID.aliases)
+    acc = rec.set_index('task')['value']
+    assert set(acc.index) == set(P.tasks) and ((acc >= 0) & (acc <= 1)).all()
+
+def pq_wnids(folder):
+    "The `wnid` column of a parquet-layout set, read with pyarrow alone (an independent reader)."
+    import pyarrow.parquet as pq
+    return [w for f in sorted(Path(folder).rglob('*.parquet')) for w in pq.read_table(f, columns=['wnid'])['wnid'].to_pylist()]

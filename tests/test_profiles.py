@@ -315,7 +315,7 @@ def test_local_profile_checks_every_dataset_before_any_model_work(settings, tmp_
     assert "profile 'mirror' cannot run: 3 of the sources" in msg
     assert f"expert.mnist = {root/'models'/'nowhere'}: no such folder" in msg
     assert "dataset of task 'svhn' lacks column(s) ['image']" in msg
-    assert "'mnist': " in msg and "is neither a dataset saved with save_to_disk nor one in the hub's layout" in msg
+    assert "'mnist': " in msg and "is not a dataset saved with save_to_disk, nor one in the hub's layout" in msg
 
 def test_a_renamed_copy_of_a_paper_profile_is_compared_with_the_paper(tmp_path):
     "paper_model = clip-vit-b32 in a copy under another name: the paper's rows are found (by name alone they were not)."

@@ -146,7 +146,7 @@ def experiment_inputs(nb_path:str|Path, # the experiment notebook
     "What an experiment's outputs depend on, with their `hash`."
     d = {'notebook': notebook_hash(nb_path), 'parameters': params, 'version': fusion_nb.__version__, 'package': package_hash()}
     if profile is not None:
-        d['profile'] = {k: v for k, v in vars(profile).items() if k not in ('root', *PLACEMENT_KEYS)}   # not where it ran
+        d['profile'] = {k: v for k, v in vars(profile).items() if k not in ('root', 'raw', *PLACEMENT_KEYS)}   # not where it ran; `raw` repeats the keys as written
         d['data'] = data_fingerprint(profile)
     d['hash'] = _sha(d)
     return d
@@ -435,10 +435,16 @@ def check_backend(backend:str)->None:
 # %% ../../nbs/reproduce/92_runner.ipynb #f892cbf6
 def writable_profile_dir(output_root:str|Path, # where profile folders go
                          profile:str, # profile name
+                         create:bool=True, # False: only check that it could be created and written (nothing made)
                         )->Path:
     "`<output_root>/<profile>`, created, with temporaries of killed runs removed; a clear error if it cannot be written."
     pdir = Path(output_root).resolve()/profile
     try:
+        if not create:   # the nearest folder that exists must be a writable folder
+            there = next(d for d in [pdir, *pdir.parents] if d.exists())
+            if not there.is_dir(): raise NotADirectoryError(20, 'Not a directory')
+            if not os.access(there, os.W_OK | os.X_OK): raise PermissionError(13, 'Permission denied')
+            return pdir
         pdir.mkdir(parents=True, exist_ok=True)
         if not os.access(pdir, os.W_OK | os.X_OK): raise PermissionError(13, 'Permission denied')
     except OSError as e:
@@ -478,7 +484,8 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
     if not names: raise FusionError(f"no experiment notebooks in {experiments_dir(prof.root)}")
     for n in names: experiment_parameters(experiments_dir(prof.root)/f'{n}.ipynb', prof)
     for n in names: check_owned(experiment_paths(n, prof, output_root)[1], n)   # nothing runs while a folder holds a user's file
-    prepare(prof, progress=progress, log=log)   # before outputs/<profile>/ exists: a failed check leaves nothing behind
+    writable_profile_dir(output_root or prof.root/'outputs', prof.name, create=False)   # checked, not yet made:
+    prepare(prof, progress=progress, log=log)   # a failed check leaves no outputs/<profile>/ behind
     pdir = writable_profile_dir(output_root or prof.root/'outputs', prof.name)
     status = run_jobs({n: {'name': n} for n in names}, prof, output_root, force, progress, log, backend, address)
     failing = recorded_failures(pdir)
