@@ -10,7 +10,8 @@ import argparse, ast, contextlib, datetime, hashlib, itertools, json, os, re, sh
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..core import FusionError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes, project_root, remove_stale_temps
+from ..core import (FusionError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes, heartbeat, progress_mode, project_root,
+                            remove_stale_temps)
 from .profiles import PLACEMENT_KEYS, SWEEPS, Profile, is_local, list_profiles, load_profile, prepare, resolved_revisions
 from .reports import write_report
 import fusion_nb
@@ -21,8 +22,8 @@ __all__ = ['DATA_BUILDERS', 'BACKENDS', 'experiments_dir', 'list_experiments', '
            'notebook_hash', 'package_hash', 'hash_cache', 'second_backbone_sources', 'data_fingerprint',
            'experiment_inputs', 'why_rerun', 'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason',
            'record_failure', 'run_experiment', 'ray_module', 'run_local', 'run_on_ray', 'run_jobs', 'check_backend',
-           'writable_profile_dir', 'profile_experiments', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep',
-           'sweep', 'main']
+           'writable_profile_dir', 'prepare_logged', 'profile_experiments', 'reproduce', 'sweep_points', 'point_name',
+           'merge_sweep', 'sweep', 'main']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #217cbc0a
 def experiments_dir(root:str|Path|None=None)->Path:
@@ -328,14 +329,15 @@ def run_experiment(name:str, # experiment (notebook stem)
         log(f"[{label}] up to date (inputs and outputs unchanged; --force reruns it)")
         return 'skipped'
     log(f"[{label}] running for profile {profile.name!r} ({why}) ...")
-    t0 = time.time()
+    t0, mode = time.time(), progress_mode(progress)   # a bar over the cells in a terminal; in a log, a line a minute
     try:
         # the kernel imports the fusion_nb whose sources `package_hash` fingerprinted, not another install;
         # OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep, not spin, on a busy machine (same results)
         with atomic_dir(out) as tmp, _env(FUSION_NB_ROOT=profile.root, PYTHONPATH=_kernel_pythonpath(), OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')):
             try:
-                papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**inputs['parameters'], 'output_dir': str(tmp)},
-                                           kernel_name='python3', cwd=str(nb.parent), progress_bar=progress)
+                with heartbeat(label, log) if mode == 'lines' else contextlib.nullcontext():
+                    papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**inputs['parameters'], 'output_dir': str(tmp)},
+                                               kernel_name='python3', cwd=str(nb.parent), progress_bar=mode == 'bars')
             except BaseException:
                 if (tmp/'run.ipynb').exists(): atomic_write_text(failed_nb, (tmp/'run.ipynb').read_text())
                 raise
@@ -462,6 +464,26 @@ def writable_profile_dir(output_root:str|Path, # where profile folders go
     remove_stale_temps(pdir)
     return pdir
 
+# %% ../../nbs/reproduce/92_runner.ipynb #b0a7e512
+def _on_disk(profile:Profile)->str:
+    "What the profile's build holds so far: its models and datasets on disk (a heartbeat's summary)."
+    from fusion_nb.tiny.build import benchmark_dir
+    base = benchmark_dir(profile.build, profile.root)
+    models, data = len(list(base.glob('models/*/config.json'))), len(list(base.glob('datasets/*/dataset_dict.json')))
+    return f"{models} model(s) and {data} dataset(s) on disk"
+
+def prepare_logged(profile:Profile, # the profile about to run
+                   progress:bool=True, # progress wanted (`progress_mode` decides bars or lines)
+                   log=print)->Profile:
+    "`prepare` with bars in a terminal; in a log, a line when the build starts and ends and a summary every minute."
+    mode = progress_mode(progress)
+    if mode != 'lines' or not profile.build: return prepare(profile, progress=mode == 'bars', log=log)
+    what, t0 = f'build {profile.build}', time.time()
+    log(f"[{what}] checking the {profile.build} benchmark (builds what is missing or stale) ...")
+    with heartbeat(what, log, status=lambda: _on_disk(profile)): prepare(profile, progress=False, log=log)
+    log(f"[{what}] ready after {time.time() - t0:.0f} s")
+    return profile
+
 # %% ../../nbs/reproduce/92_runner.ipynb #a57c9864
 def profile_experiments(profile:Profile, # a loaded profile (its `experiments` key)
                         only:Sequence[str]|None=None, # wanted ones, as for `select_experiments` (default: all the profile runs)
@@ -493,7 +515,7 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
     if not names: raise FusionError(f"no experiment notebooks in {experiments_dir(prof.root)}")
     for n in names: experiment_parameters(experiments_dir(prof.root)/f'{n}.ipynb', prof)
     pdir = writable_profile_dir(output_root or prof.root/'outputs', prof.name)
-    prepare(prof, progress=progress, log=log)
+    prepare_logged(prof, progress, log)
     status = run_jobs({n: {'name': n} for n in names}, prof, output_root, force, progress, log, backend, address)
     failing = recorded_failures(pdir)
     report = write_report(pdir, prof, failed=list(failing))
@@ -586,7 +608,7 @@ def sweep(notebook:str, # the experiment: name, unique prefix or notebook path
     for p in points.values(): experiment_parameters(nb, prof, p)
     sdir = writable_profile_dir(Path(output_root or prof.root/'outputs')/SWEEPS, prof.name)/name
     sdir.mkdir(exist_ok=True); remove_stale_temps(sdir)
-    prepare(prof, progress=progress, log=log)
+    prepare_logged(prof, progress, log)
     jobs = {folder: {'name': name, 'overrides': p, 'folder': sdir/folder} for folder, p in points.items()}
     status = run_jobs(jobs, prof, output_root, force, progress, log, backend, address)
     merged = merge_sweep(sdir, {f: p for f, p in points.items() if status[f] != 'failed'}, log)
