@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError', 'HyperparameterError', 'check_range',
-           'Registry', 'seed_everything', 'get_device', 'get_dtype', 'current_umask', 'remove_stale_temps',
-           'atomic_write', 'atomic_write_text', 'atomic_dir', 'file_hashes', 'cached_builds', 'project_root']
+__all__ = ['PROGRESS_MODES', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError',
+           'HyperparameterError', 'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype',
+           'current_umask', 'remove_stale_temps', 'atomic_write', 'atomic_write_text', 'atomic_dir', 'file_hashes',
+           'cached_builds', 'progress_mode', 'heartbeat', 'project_root']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -256,6 +257,40 @@ def cached_builds(folder:str|Path, # holds the items and manifest.json
         man[section] = {**{k: man[section][k] for k in recipes if k in man[section]}, **man[section]}   # recipes' order first
         atomic_write_text(f, json.dumps(man, indent=1))
     return man
+
+# %% ../nbs/00_core.ipynb #b0a7e502
+PROGRESS_MODES = ('bars', 'lines', 'off')
+
+def progress_mode(progress:bool=True, # progress wanted (`--no-progress`: False)
+                  stream=None, # where bars would be drawn (default: sys.stderr)
+                 )->str:
+    "'bars' in a terminal, 'lines' without one (a log), 'off' when not wanted; `$FUSION_NB_PROGRESS` overrides."
+    import sys
+    if not progress: return 'off'
+    mode = os.environ.get('FUSION_NB_PROGRESS', '').strip().lower()
+    if mode and mode not in PROGRESS_MODES:
+        raise FusionError(f"FUSION_NB_PROGRESS={mode!r}: use one of {', '.join(PROGRESS_MODES)} (or leave it unset)")
+    if mode: return mode
+    isatty = getattr(stream or sys.stderr, 'isatty', None)
+    return 'bars' if isatty is not None and isatty() else 'lines'
+
+@contextlib.contextmanager
+def heartbeat(what:str, # the stage, as the lines name it
+              log:Callable=print, # where the lines go
+              every:float|None=None, # seconds between lines (default: `$FUSION_NB_LOG_EVERY`, else 60)
+              status:Callable[[], str]|None=None, # more words for each line (what is done so far)
+             ):
+    "While the block runs, log `[what] still running after N s` every `every` seconds, from a background thread."
+    every = float(every or os.environ.get('FUSION_NB_LOG_EVERY') or 60)
+    stop, t0 = threading.Event(), time.time()
+    def beat():
+        while not stop.wait(every):
+            extra = ''
+            with contextlib.suppress(Exception): extra = f"; {status()}" if status else ''   # a summary never breaks the run
+            log(f"[{what}] still running after {time.time() - t0:.0f} s{extra}")
+    t = threading.Thread(target=beat, daemon=True, name=f'heartbeat {what}'); t.start()
+    try: yield
+    finally: stop.set(); t.join()
 
 # %% ../nbs/00_core.ipynb #01ed71a0
 def project_root(start:str|Path|None=None)->Path:

@@ -96,9 +96,9 @@ def test_skip_if_unchanged_and_rerun_on_change(project, monkeypatch):
     (project/'models'/'none').mkdir(parents=True); (project/'models'/'none'/'config.json').write_text('{}')
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # local data appeared
     assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped'}
-    monkeypatch.setattr(fusion_nb.reproduce.runner, 'package_hash', lambda: 'other code')
-    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # the package's sources changed
-    (project/'outputs'/'demo'/'01_flaky'/'table.md').unlink()
+    monkeypatch.setattr(fusion_nb.reproduce.runner, 'code_fingerprint', lambda nb: {'fusion_nb/x.py': 'other code'})
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # the sources they run changed
+    (project/'outputs'/'demo'/'01_flaky'/'table.md').unlink(); (project/'outputs'/'demo'/'01_flaky'/'inputs.json').unlink()
     assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'ok'}  # outputs gone: rerun
 
 def test_failure_is_isolated_and_keeps_previous_outputs(project):

@@ -6,22 +6,24 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/runner.html.md"""
 
 # %% ../../nbs/reproduce/92_runner.ipynb #a15ca59f
 from __future__ import annotations
-import argparse, ast, contextlib, datetime, hashlib, itertools, json, os, re, shutil, sys, time
+import argparse, ast, contextlib, datetime, hashlib, itertools, json, os, re, shutil, sys, time, warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..core import FusionError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes, project_root, remove_stale_temps
+from ..core import (FusionError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes, heartbeat, progress_mode, project_root,
+                            remove_stale_temps)
 from .profiles import PLACEMENT_KEYS, SWEEPS, Profile, is_local, list_profiles, load_profile, prepare, resolved_revisions
 from .reports import write_report
 import fusion_nb
 
 # %% auto #0
-__all__ = ['BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiments_dir', 'list_experiments', 'read_notebook',
-           'experiment_title', 'select_experiments', 'notebook_parameters', 'experiment_parameters', 'notebook_hash',
-           'package_hash', 'hash_cache', 'second_backbone_sources', 'data_fingerprint', 'experiment_inputs',
-           'why_rerun', 'foreign_files', 'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths',
-           'run_reason', 'record_failure', 'run_experiment', 'ray_module', 'run_local', 'check_ray_address',
-           'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'profile_experiments', 'reproduce',
+__all__ = ['DATA_BUILDERS', 'BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiments_dir', 'list_experiments',
+           'read_notebook', 'experiment_title', 'select_experiments', 'import_graph', 'notebook_imports',
+           'code_fingerprint', 'notebook_parameters', 'experiment_parameters', 'notebook_hash', 'package_hash',
+           'hash_cache', 'second_backbone_sources', 'data_fingerprint', 'experiment_inputs', 'why_rerun',
+           'foreign_files', 'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason',
+           'record_failure', 'run_experiment', 'ray_module', 'run_local', 'check_ray_address', 'run_on_ray', 'run_jobs',
+           'check_backend', 'writable_profile_dir', 'prepare_logged', 'profile_experiments', 'reproduce',
            'sweep_points', 'point_name', 'merge_sweep', 'sweep', 'main']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #217cbc0a
@@ -71,6 +73,82 @@ def select_experiments(names:Sequence[str], # the available experiments
     if unknown: raise UnknownNameError(f"unknown experiment(s) {', '.join(map(repr, unknown))}. Experiments: {', '.join(names) or '(none)'}")
     return [n for n in names if n in wanted]
 
+# %% ../../nbs/reproduce/92_runner.ipynb #c0de9a02
+DATA_BUILDERS = ('tiny.build',)   # the profile's builder (`prepare`): its outputs count by content, in `data_fingerprint`
+
+def _package_dir()->Path: return Path(fusion_nb.__file__).parent
+
+def _imported(tree:ast.AST, module:str='', is_pkg:bool=False)->set[str]:
+    "Dotted names a source imports anywhere (in functions too; relative ones resolved), `a.b.c` attribute chains and `import_module('...')`."
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import): out.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            parts = module.split('.')
+            base = '.'.join(parts[:len(parts) - n.level + is_pkg] + [n.module or '']).strip('.') if n.level else n.module
+            out.add(base); out.update(f'{base}.{a.name}' for a in n.names)
+        elif isinstance(n, ast.Attribute):   # `fusion_nb.merge.MERGE_METHODS` after `import fusion_nb.merge`
+            chain = [n.attr]
+            while isinstance(n := n.value, ast.Attribute): chain.append(n.attr)
+            if isinstance(n, ast.Name): out.add('.'.join([n.id, *reversed(chain)]))
+        elif isinstance(n, ast.Call) and getattr(n.func, 'attr', getattr(n.func, 'id', None)) in ('import_module', '__import__'):
+            arg = n.args[0] if n.args else None   # a computed name: any module of the package (`*`)
+            out.add(arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else '*')
+    return out
+
+# %% ../../nbs/reproduce/92_runner.ipynb #c0de9a03
+_GRAPHS = {}   # (package folder, its files' sizes and mtimes) → import graph: parsed once per run, not per experiment
+
+def _modules(pkg:Path)->dict[str, Path]:
+    "Module name → source file, for every module of the package in `pkg` (not the docs index `_modidx`)."
+    files = [f for f in sorted(pkg.rglob('*.py')) if '__pycache__' not in f.parts and f.name != '_modidx.py']
+    return {'.'.join((pkg.name, *f.relative_to(pkg).with_suffix('').parts)).removesuffix('.__init__'): f for f in files}
+
+def _resolve(names, mods:Mapping[str, Path], pkg_name:str)->set[str]:
+    "The package's modules `names` run: the longest module prefix of each, and the packages above it (their `__init__`)."
+    out = set(mods) if '*' in names else set()
+    for name in names:
+        while name and name not in mods: name = name.rpartition('.')[0]
+        while name: out.add(name); name = name.rpartition('.')[0]
+    return {m for m in out if m == pkg_name or m.startswith(pkg_name + '.')}
+
+def import_graph(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
+                )->dict[str, set[str]]:
+    "Module → the package's modules it imports (anywhere in its source); edges into `DATA_BUILDERS` left out."
+    pkg = Path(pkg_dir or _package_dir()).resolve(); mods = _modules(pkg)
+    key = (pkg, tuple((m, f.stat().st_mtime_ns, f.stat().st_size) for m, f in mods.items()))
+    if key not in _GRAPHS:
+        builders = {f'{pkg.name}.{b}' for b in DATA_BUILDERS}
+        with warnings.catch_warnings():   # a source's own warnings (an invalid escape) are not ours to print
+            warnings.simplefilter('ignore')
+            trees = {m: ast.parse(f.read_bytes()) for m, f in mods.items()}
+        _GRAPHS[key] = {m: _resolve(_imported(t, m, mods[m].name == '__init__.py'), mods, pkg.name) - {m} - builders
+                        for m, t in trees.items()}
+    return _GRAPHS[key]
+
+# %% ../../nbs/reproduce/92_runner.ipynb #c0de9a04
+def notebook_imports(nb_path:str|Path)->set[str]:
+    "What a notebook's code cells import, as `_imported` reads it (magics and shell lines left out)."
+    out = set()
+    for c in json.loads(Path(nb_path).read_text())['cells']:
+        if c['cell_type'] != 'code': continue
+        src = '\n'.join(l for l in ''.join(c['source']).splitlines() if not l.lstrip().startswith(('%', '!')))
+        try: out |= _imported(ast.parse(src))
+        except SyntaxError:   # not Python as a whole: its import lines one by one
+            for l in src.splitlines():
+                with contextlib.suppress(SyntaxError): out |= _imported(ast.parse(l.strip()))
+    return out
+
+def code_fingerprint(nb_path:str|Path, # the experiment notebook
+                     pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
+                    )->dict[str, str]:
+    "The package's sources a notebook runs (its imports, transitively) → their sha256; `{}` if it imports none."
+    pkg = Path(pkg_dir or _package_dir()).resolve(); graph, mods = import_graph(pkg), _modules(pkg)
+    todo, seen = list(_resolve(notebook_imports(nb_path), mods, pkg.name)), set()
+    while todo:
+        if (m := todo.pop()) not in seen: seen.add(m); todo.extend(graph[m])
+    return {mods[m].relative_to(pkg.parent).as_posix(): hashlib.sha256(mods[m].read_bytes()).hexdigest() for m in sorted(seen)}
+
 # %% ../../nbs/reproduce/92_runner.ipynb #9149c3ce
 def notebook_parameters(path:str|Path)->dict:
     "Parameters declared in the notebook's `parameters` cell (papermill's inspection)."
@@ -103,7 +181,7 @@ def notebook_hash(nb_path:str|Path)->str:
 
 def package_hash(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
                 )->str:
-    "Hash of the fusion_nb package's sources, subpackages included: a code change makes every experiment rerun."
+    "Hash of all the fusion_nb package's sources (the merge CLI's provenance; an experiment counts only its `code_fingerprint`)."
     pkg = Path(pkg_dir or Path(fusion_nb.__file__).parent)
     h = hashlib.sha256()
     for f in sorted(pkg.rglob('*.py')):   # methods/, tiny/, reproduce/ too: their code makes the numbers
@@ -144,7 +222,7 @@ def experiment_inputs(nb_path:str|Path, # the experiment notebook
                       profile:Profile|None=None, # the profile it runs for
                      )->dict:
     "What an experiment's outputs depend on, with their `hash`."
-    d = {'notebook': notebook_hash(nb_path), 'parameters': params, 'version': fusion_nb.__version__, 'package': package_hash()}
+    d = {'notebook': notebook_hash(nb_path), 'parameters': params, 'version': fusion_nb.__version__, 'code': code_fingerprint(nb_path)}
     if profile is not None:
         d['profile'] = {k: v for k, v in vars(profile).items() if k not in ('root', 'raw', *PLACEMENT_KEYS)}   # not where it ran; `raw` repeats the keys as written
         d['data'] = data_fingerprint(profile)
@@ -164,7 +242,7 @@ def _env(**values):
             else: os.environ[k] = v
 
 def _kernel_pythonpath()->str:
-    "PYTHONPATH that makes a kernel or Ray worker import this fusion_nb (the one `package_hash` fingerprinted), then the caller's."
+    "PYTHONPATH that makes a kernel or Ray worker import this fusion_nb (the one `code_fingerprint` read), then the caller's."
     return os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
 
 def _kernel_manager(stderr):
@@ -182,6 +260,16 @@ def _output_hashes(folder:Path, cache:Path|None=None)->dict:
     "Content hashes of an experiment's outputs (its `inputs.json` excepted)."
     return {f: h for f, h in file_hashes(folder, cache).items() if f != 'inputs.json'}
 
+def _what_changed(recorded:dict, inputs:dict)->str:
+    "'inputs changed (...)', naming which: notebook, parameters, profile, data, version, or the changed code files."
+    if not isinstance(recorded.get('code'), dict):   # an inputs.json of a runner that fingerprinted the whole package
+        return 'inputs changed (recorded before the runner fingerprinted the code each experiment runs)'
+    old, new = recorded['code'], inputs['code']
+    code = sorted(f for f in {*old, *new} if old.get(f) != new.get(f))
+    parts = [k for k in ('notebook', 'parameters', 'profile', 'data', 'version') if recorded.get(k) != inputs.get(k)]
+    if code: parts.append(f"code: {', '.join(code[:3])}{' ...' if len(code) > 3 else ''}")
+    return f"inputs changed ({'; '.join(parts)})" if parts else 'inputs changed'
+
 def why_rerun(out:Path, # the experiment's output folder
               inputs:dict, # its current inputs (`experiment_inputs`)
               cache:Path|None=None, # file-hash cache (`hash_cache`)
@@ -190,7 +278,7 @@ def why_rerun(out:Path, # the experiment's output folder
     try: recorded = json.loads((out/'inputs.json').read_text())
     except FileNotFoundError: return 'no outputs yet'
     except (OSError, ValueError): return f"{out/'inputs.json'} is unreadable"
-    if recorded.get('hash') != inputs['hash']: return 'inputs changed'
+    if recorded.get('hash') != inputs['hash']: return _what_changed(recorded, inputs)
     now = _output_hashes(out, cache)
     edited = sorted(f for f in {*now, *recorded.get('outputs', {})} if now.get(f) != recorded.get('outputs', {}).get(f))
     if edited: return f"outputs changed since the runner wrote them ({', '.join(edited[:3])}{' ...' if len(edited) > 3 else ''})"
@@ -217,7 +305,7 @@ def check_owned(out:Path, label:str)->None:
 
 
 def kernel_threads()->int:
-    "Torch threads an experiment's kernel computes with: \`OMP_NUM_THREADS\` if set, else torch's default here (same machine)."
+    "Torch threads an experiment's kernel computes with: `OMP_NUM_THREADS` if set, else torch's default here (same machine)."
     n = os.environ.get('OMP_NUM_THREADS', '').strip()
     if n.isdigit() and int(n) > 0: return int(n)
     import torch   # only here: the CLI starts without it
@@ -280,16 +368,17 @@ def run_experiment(name:str, # experiment (notebook stem)
         return 'skipped'
     check_owned(out, label)   # before hours of work, not after
     log(f"[{label}] running for profile {profile.name!r} ({why}) ...")
-    t0 = time.time()
+    t0, mode = time.time(), progress_mode(progress)   # a bar over the cells in a terminal; in a log, a line a minute
     try:
         # the kernel imports the fusion_nb whose sources `package_hash` fingerprinted, not another install;
         # OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep, not spin, on a busy machine (same results)
         with atomic_dir(out) as tmp, tempfile.TemporaryFile() as kernel_err, \
              _env(FUSION_NB_ROOT=profile.root, PYTHONPATH=_kernel_pythonpath(), OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')):
             try:
-                papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**inputs['parameters'], 'output_dir': str(tmp)},
-                                           kernel_name='python3', cwd=str(nb.parent), progress_bar=progress,
-                                           kernel_manager_class=_kernel_manager(kernel_err))
+                with heartbeat(label, log) if mode == 'lines' else contextlib.nullcontext():
+                    papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**inputs['parameters'], 'output_dir': str(tmp)},
+                                               kernel_name='python3', cwd=str(nb.parent), progress_bar=mode == 'bars',
+                                               kernel_manager_class=_kernel_manager(kernel_err))
             except Exception as e:   # a Ctrl-C (KeyboardInterrupt) leaves no notebook behind: the run did not fail
                 if getattr(e, 'ename', None) == 'KeyboardInterrupt': raise KeyboardInterrupt from None   # the kernel's
                 if (tmp/'run.ipynb').exists(): atomic_write_text(failed_nb, (tmp/'run.ipynb').read_text())
@@ -453,6 +542,26 @@ def writable_profile_dir(output_root:str|Path, # where profile folders go
     remove_stale_temps(pdir)
     return pdir
 
+# %% ../../nbs/reproduce/92_runner.ipynb #b0a7e512
+def _on_disk(profile:Profile)->str:
+    "What the profile's build holds so far: its models and datasets on disk (a heartbeat's summary)."
+    from fusion_nb.tiny.build import benchmark_dir
+    base = benchmark_dir(profile.build, profile.root)
+    models, data = len(list(base.glob('models/*/config.json'))), len(list(base.glob('datasets/*/dataset_dict.json')))
+    return f"{models} model(s) and {data} dataset(s) on disk"
+
+def prepare_logged(profile:Profile, # the profile about to run
+                   progress:bool=True, # progress wanted (`progress_mode` decides bars or lines)
+                   log=print)->Profile:
+    "`prepare` with bars in a terminal; in a log, a line when the build starts and ends and a summary every minute."
+    mode = progress_mode(progress)
+    if mode != 'lines' or not profile.build: return prepare(profile, progress=mode == 'bars', log=log)
+    what, t0 = f'build {profile.build}', time.time()
+    log(f"[{what}] checking the {profile.build} benchmark (builds what is missing or stale) ...")
+    with heartbeat(what, log, status=lambda: _on_disk(profile)): prepare(profile, progress=False, log=log)
+    log(f"[{what}] ready after {time.time() - t0:.0f} s")
+    return profile
+
 # %% ../../nbs/reproduce/92_runner.ipynb #a57c9864
 def profile_experiments(profile:Profile, # a loaded profile (its `experiments` key)
                         only:Sequence[str]|None=None, # wanted ones, as for `select_experiments` (default: all the profile runs)
@@ -485,7 +594,7 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
     for n in names: experiment_parameters(experiments_dir(prof.root)/f'{n}.ipynb', prof)
     for n in names: check_owned(experiment_paths(n, prof, output_root)[1], n)   # nothing runs while a folder holds a user's file
     writable_profile_dir(output_root or prof.root/'outputs', prof.name, create=False)   # checked, not yet made:
-    prepare(prof, progress=progress, log=log)   # a failed check leaves no outputs/<profile>/ behind
+    prepare_logged(prof, progress, log)   # a failed check leaves no outputs/<profile>/ behind
     pdir = writable_profile_dir(output_root or prof.root/'outputs', prof.name)
     status = run_jobs({n: {'name': n} for n in names}, prof, output_root, force, progress, log, backend, address)
     failing = recorded_failures(pdir)
@@ -580,7 +689,7 @@ def sweep(notebook:str, # the experiment: name, unique prefix or notebook path
     sdir = writable_profile_dir(Path(output_root or prof.root/'outputs')/SWEEPS, prof.name)/name
     sdir.mkdir(exist_ok=True); remove_stale_temps(sdir)
     for folder in points: check_owned(sdir/folder, folder)
-    prepare(prof, progress=progress, log=log)
+    prepare_logged(prof, progress, log)
     jobs = {folder: {'name': name, 'overrides': p, 'folder': sdir/folder} for folder, p in points.items()}
     status = run_jobs(jobs, prof, output_root, force, progress, log, backend, address)
     merged = merge_sweep(sdir, {f: p for f, p in points.items() if status[f] != 'failed'}, log)
