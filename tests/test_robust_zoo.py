@@ -15,9 +15,9 @@ TINY = ZooBudget(n_train=24, width=4, epochs=1, finetune_epochs=1, attack_steps=
 
 def count_attacks(monkeypatch):
     calls = []
-    real = M.apgd
+    real = M.apgd_train
     def spy(model, x, y, norm, eps, **kw): calls.append((norm, len(x))); return real(model, x, y, norm, eps, **kw)
-    monkeypatch.setattr(M, 'apgd', spy)
+    monkeypatch.setattr(M, 'apgd_train', spy)
     return calls
 
 @pytest.mark.parametrize('combine,per_batch', [('max', 2), ('sat', 1)])
@@ -105,3 +105,14 @@ def test_bad_input(tmp_path):
         adversarial_train(convnet(4), x, y, ('linf', 'l2'), eps=0.1, epochs=1)
     with pytest.raises(UnknownNameError, match="unknown combine 'mean'"):
         adversarial_train(convnet(4), x, y, ('linf', 'l2'), combine='mean', epochs=1, batch_size=8, attack_steps=1)
+
+def test_training_inputs_are_eq2s_maximiser():
+    "Issue 24.1: every training example is attacked (the misclassified ones too) and carries the highest-loss iterate."
+    model = convnet(4).eval(); x, y = standin('cifar10', 'train', 16)
+    with torch.no_grad(): wrong = model(x).argmax(1) != y
+    assert wrong.any()
+    for a in training_attacks(['linf', 'l2', 'l1'], attack_steps=3):
+        xa = perturb_batch(model, x, y, [a])
+        assert ((xa - x).flatten(1).abs().amax(1) > 0).all(), a['norm']   # the evaluation attack left `wrong` at x
+        with torch.no_grad(): ce_adv, ce = (F.cross_entropy(model(v), y, reduction='none') for v in (xa, x))
+        assert (ce_adv >= ce - 1e-6).all()   # the highest-loss iterate is never below the clean start
