@@ -67,7 +67,8 @@ def budget(dataset:str, # 'cifar10' or 'imagenet' (paper 002's two benchmarks)
     if protocol == 'strong' and pd.isna(row.strong_steps): raise UnknownNameError(f"paper 002 has no 'strong' protocol for {dataset!r} (only CIFAR-10's three-model soups)")
     steps, restarts, loss = {'eval': (row.eval_steps, 1, row.eval_loss), 'strong': (row.strong_steps, row.strong_restarts, row.strong_loss),
                              'train': (row.train_steps, 1, row.train_loss)}[protocol]
-    return dict(norm=norm, eps=float(row.eps), steps=int(steps), restarts=int(restarts), loss=loss)
+    out = dict(norm=norm, eps=float(row.eps), steps=int(steps), restarts=int(restarts), loss=loss)
+    return {**out, 'largereps': True} if protocol == 'strong' and norm == 'l1' else out  # AutoAttack's standard ℓ1 (see `apgd`)
 
 # %% ../../nbs/robust/50_attacks.ipynb #135ab752
 def lp_norm(delta:torch.Tensor, # perturbations, batch first
@@ -378,14 +379,15 @@ def threat_models(dataset:str='cifar10', # 'cifar10' or 'imagenet'
 def robust_accuracy(model:Callable, # classifier of images in [0, 1]
                     x:torch.Tensor, # clean images
                     y:torch.Tensor, # labels
-                    attacks:Sequence[dict]|None=None, # dict(norm, eps, steps, loss, restarts) each; default threat_models('cifar10')
+                    attacks:Sequence[dict]|None=None, # dict(norm, eps, steps, loss, restarts[, largereps]) each, e.g. threat_models('cifar10')
                     *,
                     union_only:bool=False, # attack only the examples still robust in the union (cheaper; per-norm columns become bounds)
                     seed:int=0, # seed of the random starts
                     batch_size:int|None=None, # attack this many examples at a time (None: all at once)
                    )->dict:
     "Clean accuracy, robust accuracy per threat model and in their union, and the per-example flags."
-    attacks = threat_models() if attacks is None else list(attacks)
+    if attacks is None: raise HyperparameterError("robust_accuracy needs the attacks (their radii depend on the dataset): e.g. threat_models('cifar10')")
+    attacks = list(attacks)
     if not attacks: raise HyperparameterError("robust_accuracy needs at least one attack")
     names = [check_norm(a['norm']) for a in attacks]
     if len(set(names)) != len(names): raise HyperparameterError(f"each threat model may appear once; got {names}")
@@ -399,7 +401,7 @@ def robust_accuracy(model:Callable, # classifier of images in [0, 1]
         for i in range(0, len(todo), bs):
             j = todo[i:i + bs]
             ok[j] = apgd(model, x[j], y[j], name, a['eps'], steps=a.get('steps', 40), loss=a.get('loss', 'dlr'),
-                         restarts=a.get('restarts', 1), seed=seed).robust.cpu()
+                         restarts=a.get('restarts', 1), seed=seed, largereps=a.get('largereps', False)).robust.cpu()
         flags[name] = ok; union &= ok
     acc = lambda f: float(f.float().mean()) if len(f) else float('nan')
     return dict(clean=acc(correct), **{n: acc(f) for n, f in flags.items()}, union=acc(union), flags=dict(clean=correct, **flags, union=union))
