@@ -275,3 +275,26 @@ def test_openai_clip_converter_as_exported():
         ref = ln(h[:, 0], 'visual.ln_post') @ sd['visual.proj']
         got = model.visual_projection(model.vision_model(pixel_values=x).pooler_output)
     assert torch.allclose(got, ref, atol=1e-5), float((got - ref).abs().max())
+
+@pytest.mark.parametrize('refill', ['single', 'multi'])
+def test_one_image_last_batch_fine_tunes(micro, refill):
+    "Issue 24.8 / 26.10: n_train % batch_size == 1 left a one-image batch with no refill donor; its step is CE only."
+    clip, tok, proc, ds = micro
+    n_train = len(ds['train']) - 6
+    assert n_train >= 3
+    cfg = CounterfactualFT(masking='random', refill=refill, rate=0.5, batch_size=n_train - 1, epochs=1, warmup_steps=0, val_size=6, lr=1e-3)
+    res = finetune_counterfactual(clip, tok, proc, ds['train'], ds['train'].features['label'].names, MICRO_TEMPLATES, cfg, progress=False)
+    assert len(res.history) == 2 and res.history.loss.notna().all()
+    assert res.history.mse[1] == 0. and res.history.loss[1] == res.history.ce[1]   # the one-image step: no counterfactual term
+
+def test_validation_split_does_not_move_with_the_seed(micro, monkeypatch):
+    "Issue 24.9: the validation images are the same whatever the run's seed (the authors fix their split)."
+    import fusion_nb.masking.counterfactual_ft as C
+    clip, tok, proc, ds = micro
+    seen = []
+    real = C.dataset_logits
+    monkeypatch.setattr(C, 'dataset_logits', lambda enc, zs, p, d, idx, **kw: (seen.append(sorted(int(i) for i in idx)), real(enc, zs, p, d, idx, **kw))[1])
+    cfg = CounterfactualFT(masking='none', beta=0., batch_size=len(ds['train']), epochs=1, warmup_steps=0, val_size=6, lr=1e-3)
+    for seed in (0, 1, 2):
+        finetune_counterfactual(clip, tok, proc, ds['train'], ds['train'].features['label'].names, MICRO_TEMPLATES, cfg, seed=seed, progress=False)
+    assert len(seen) == 3 and seen[0] == seen[1] == seen[2]

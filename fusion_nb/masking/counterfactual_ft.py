@@ -25,11 +25,11 @@ from .cam import ZeroShotLogits, class_cam
 from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 
 # %% auto #0
-__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'counterfactual_loss', 'kd_loss', 'subset_predictions',
-           'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels',
-           'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe', 'class_groups',
-           'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'embedding_distances', 'feature_drift',
-           'counterfactual_distance', 'claim_findings']
+__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'SPLIT_SEED', 'counterfactual_loss', 'kd_loss',
+           'subset_predictions', 'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits',
+           'dataset_pixels', 'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe',
+           'class_groups', 'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'embedding_distances',
+           'feature_drift', 'counterfactual_distance', 'claim_findings']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -179,15 +179,19 @@ class FineTuneResult:
     projection:nn.Module|None = field(default=None, repr=False)   # its visual projection when trained (`train_projection_head`), else None
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #8ca7908e
-def _split(n:int, val_size:int, g:torch.Generator)->tuple[Tensor, Tensor]:
-    "(train, validation) indices: a seeded random `val_size` images held out of `n`."
+SPLIT_SEED = 0  # the validation images are fixed, whatever the run's seed (the authors fix their split)
+
+def _split(n:int, val_size:int)->tuple[Tensor, Tensor]:
+    "(train, validation) indices: `val_size` images held out of `n` by a fixed seed (`SPLIT_SEED`), the same for every run."
     if val_size >= n: raise FusionError(f"val_size={val_size} leaves no training images out of {n}: hold out fewer")
-    perm = torch.randperm(n, generator=g)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED))
     return perm[val_size:], perm[:val_size]
 
 def _cf_term(cfg, student, teacher, zs, frozen, x, y, patch_size, g):
     "β·MSE(f̂(x_cf), f(x_cf)) for a batch, with its MSE (zero tensors when β = 0); `frozen` holds f̂'s projection."
-    if cfg.beta == 0: return (torch.zeros((), device=x.device),) * 2
+    # a refill takes patches from the batch's other images: a one-image batch (the last of an epoch when
+    # n_train % batch_size == 1) has none, so its step is CE (and KD) only
+    if cfg.beta == 0 or (len(x) < 2 and cfg.masking != 'none' and cfg.refill != 'none'): return (torch.zeros((), device=x.device),) * 2
     rel = class_cam(student, zs, x, y) if cfg.masking in ('object', 'context') else None
     cf = counterfactuals(x, patch_size, cfg.masking, cfg.refill, rel, cfg.threshold, cfg.rate, generator=g)
     with torch.no_grad(): target = counterfactual_features(teacher, frozen, cf)
@@ -215,7 +219,7 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
     y_all = torch.as_tensor(train_dataset['label'])
     if len(y_all) and (int(y_all.min()) < 0 or int(y_all.max()) >= len(class_names)):
         raise FusionError(f"labels span {int(y_all.min())}..{int(y_all.max())} but {len(class_names)} class names were given")
-    train_idx, val_idx = _split(len(y_all), cfg.val_size, g)
+    train_idx, val_idx = _split(len(y_all), cfg.val_size)
     clip = clip.to(device).eval()
     if head is None: head = zeroshot_head(clip, tokenizer, class_names, templates, device=device)
     elif head.shape != (len(class_names), clip.config.projection_dim):
