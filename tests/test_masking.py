@@ -298,3 +298,17 @@ def test_validation_split_does_not_move_with_the_seed(micro, monkeypatch):
     for seed in (0, 1, 2):
         finetune_counterfactual(clip, tok, proc, ds['train'], ds['train'].features['label'].names, MICRO_TEMPLATES, cfg, seed=seed, progress=False)
     assert len(seen) == 3 and seen[0] == seen[1] == seen[2]
+
+def test_table2_masks_are_the_ones_built_in_training(micro):
+    "Issue 24.9: keep_cams records each step's CAM, the masks object-masking built; step 1's student is the pre-trained model."
+    clip, tok, proc, ds = micro
+    cfg = CounterfactualFT(masking='object', refill='single', threshold=0.4, batch_size=3, epochs=1, warmup_steps=0, val_size=6, lr=1e-2)
+    res = finetune_counterfactual(clip, tok, proc, ds['train'], ds['train'].features['label'].names, MICRO_TEMPLATES, cfg,
+                                  progress=False, keep_cams=True)
+    assert len(res.cams) == len(res.history) == 2
+    rows, rel = res.cams[0]
+    zs = _zs(clip, tok, ds)
+    x, y = pixel_values(proc, ds['train'].select(rows.tolist())['image']), torch.tensor(ds['train']['label'])[rows]
+    assert torch.allclose(rel, class_cam(clip.vision_model, zs, x, y), atol=1e-5)   # independent: the pre-trained model's CAM
+    assert not torch.allclose(res.cams[1][1], class_cam(clip.vision_model, zs, *(lambda r: (pixel_values(proc, ds['train'].select(r.tolist())['image']),
+                              torch.tensor(ds['train']['label'])[r]))(res.cams[1][0])), atol=1e-6)   # step 2: the student has moved
