@@ -312,3 +312,29 @@ def test_table2_masks_are_the_ones_built_in_training(micro):
     assert torch.allclose(rel, class_cam(clip.vision_model, zs, x, y), atol=1e-5)   # independent: the pre-trained model's CAM
     assert not torch.allclose(res.cams[1][1], class_cam(clip.vision_model, zs, *(lambda r: (pixel_values(proc, ds['train'].select(r.tolist())['image']),
                               torch.tensor(ds['train']['label'])[r]))(res.cams[1][0])), atol=1e-6)   # step 2: the student has moved
+
+def test_official_model_soups_layout(tmp_path):
+    "Issue 24.7: the official checkpoints (model. prefix, text transformer deleted, classification_head.*) are read and score with their own head."
+    import math
+    from fusion_nb.masking.openai_clip import official_soup_classifier, official_uniform_soup, openai_clip_model
+    g = torch.Generator().manual_seed(0); r = lambda *s: 0.2 * torch.randn(*s, generator=g)
+    w, p, grid, e = 32, 4, 2, 16
+    sd = {'visual.conv1.weight': r(w, 3, p, p), 'visual.class_embedding': r(w), 'visual.positional_embedding': r(grid * grid + 1, w), 'visual.proj': r(w, e),
+          'token_embedding.weight': r(20, w), 'positional_embedding': r(5, w), 'text_projection': r(w, e), 'logit_scale': torch.tensor(math.log(50.))}
+    for n in ('visual.ln_pre', 'visual.ln_post', 'ln_final'): sd[f'{n}.weight'], sd[f'{n}.bias'] = 1 + r(w), r(w)
+    for root in ('visual.transformer.resblocks.0.', 'transformer.resblocks.0.'):
+        sd.update({root + 'attn.in_proj_weight': r(3 * w, w), root + 'attn.in_proj_bias': r(3 * w), root + 'attn.out_proj.weight': r(w, w),
+                   root + 'attn.out_proj.bias': r(w), root + 'ln_1.weight': 1 + r(w), root + 'ln_1.bias': r(w), root + 'ln_2.weight': 1 + r(w),
+                   root + 'ln_2.bias': r(w), root + 'mlp.c_fc.weight': r(4 * w, w), root + 'mlp.c_fc.bias': r(4 * w),
+                   root + 'mlp.c_proj.weight': r(w, 4 * w), root + 'mlp.c_proj.bias': r(w)})
+    head_w, head_b = r(7, e), r(7)
+    official = {**{'model.' + k: v for k, v in sd.items() if not k.startswith('transformer.')},
+                'classification_head.weight': head_w, 'classification_head.bias': head_b}
+    torch.save(official, tmp_path/'soup0.pt'); torch.save(official, tmp_path/'soup1.pt')
+    clf = official_soup_classifier(tmp_path/'soup0.pt', vision_heads=4)
+    full = openai_clip_model(sd, vision_heads=4, text_heads=4)   # the same weights through the whole-CLIP converter
+    x = torch.randn(3, 3, grid * p, grid * p, generator=g)
+    with torch.no_grad():
+        f = full.visual_projection(full.vision_model(pixel_values=x).pooler_output)
+        assert torch.allclose(clf(x), F.normalize(f, dim=-1) @ head_w.T + head_b, atol=1e-5)
+        assert torch.allclose(official_uniform_soup([tmp_path/'soup0.pt', tmp_path/'soup1.pt'], vision_heads=4)(x), clf(x), atol=1e-5)
