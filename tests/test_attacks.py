@@ -106,6 +106,13 @@ def test_union_with_paper_budgets(batch):
     (lambda n, x, y: apgd(n, x, y, 'linf', 0.1, restarts=0), HyperparameterError, 'restarts=0 is out of range'),
     (lambda n, x, y: apgd(n, x, y, 'linf', 0.1, loss='kl', steps=1) and budget('svhn', 'linf'), UnknownNameError, "no budget for dataset 'svhn'"),
     (lambda n, x, y: apgd(n, x, y, 'linf', 0.1), FusionError, 'model must be callable'),
+    # issue 26 item 5: a negative step and a top-k outside (0, 1] were accepted (robust accuracy 0.625 where it is 0.0)
+    (lambda n, x, y: pgd(n, x, y, 'linf', 0.1, step_size=-0.01), HyperparameterError, 'step_size=-0.01 is out of range'),
+    (lambda n, x, y: pgd(n, x, y, 'l1', 1.0, topk=0), HyperparameterError, 'topk=0 is out of range'),
+    (lambda n, x, y: pgd(n, x, y, 'l1', 1.0, topk=2), HyperparameterError, 'topk=2 is out of range'),
+    (lambda n, x, y: pgd(n, x, y, 'l1', 1.0, topk=-1), HyperparameterError, 'topk=-1 is out of range'),
+    # issue 24 item 6: no attacks meant CIFAR-10's radii, silently
+    (lambda n, x, y: robust_accuracy(n, x, y), HyperparameterError, 'needs the attacks'),
 ])
 def test_bad_input(batch, call, exc, msg):
     net, x, y = batch

@@ -275,3 +275,66 @@ def test_openai_clip_converter_as_exported():
         ref = ln(h[:, 0], 'visual.ln_post') @ sd['visual.proj']
         got = model.visual_projection(model.vision_model(pixel_values=x).pooler_output)
     assert torch.allclose(got, ref, atol=1e-5), float((got - ref).abs().max())
+
+@pytest.mark.parametrize('refill', ['single', 'multi'])
+def test_one_image_last_batch_fine_tunes(micro, refill):
+    "Issue 24.8 / 26.10: n_train % batch_size == 1 left a one-image batch with no refill donor; its step is CE only."
+    clip, tok, proc, ds = micro
+    n_train = len(ds['train']) - 6
+    assert n_train >= 3
+    cfg = CounterfactualFT(masking='random', refill=refill, rate=0.5, batch_size=n_train - 1, epochs=1, warmup_steps=0, val_size=6, lr=1e-3)
+    res = finetune_counterfactual(clip, tok, proc, ds['train'], ds['train'].features['label'].names, MICRO_TEMPLATES, cfg, progress=False)
+    assert len(res.history) == 2 and res.history.loss.notna().all()
+    assert res.history.mse[1] == 0. and res.history.loss[1] == res.history.ce[1]   # the one-image step: no counterfactual term
+
+def test_validation_split_does_not_move_with_the_seed(micro, monkeypatch):
+    "Issue 24.9: the validation images are the same whatever the run's seed (the authors fix their split)."
+    import fusion_nb.masking.counterfactual_ft as C
+    clip, tok, proc, ds = micro
+    seen = []
+    real = C.dataset_logits
+    monkeypatch.setattr(C, 'dataset_logits', lambda enc, zs, p, d, idx, **kw: (seen.append(sorted(int(i) for i in idx)), real(enc, zs, p, d, idx, **kw))[1])
+    cfg = CounterfactualFT(masking='none', beta=0., batch_size=len(ds['train']), epochs=1, warmup_steps=0, val_size=6, lr=1e-3)
+    for seed in (0, 1, 2):
+        finetune_counterfactual(clip, tok, proc, ds['train'], ds['train'].features['label'].names, MICRO_TEMPLATES, cfg, seed=seed, progress=False)
+    assert len(seen) == 3 and seen[0] == seen[1] == seen[2]
+
+def test_table2_masks_are_the_ones_built_in_training(micro):
+    "Issue 24.9: keep_cams records each step's CAM, the masks object-masking built; step 1's student is the pre-trained model."
+    clip, tok, proc, ds = micro
+    cfg = CounterfactualFT(masking='object', refill='single', threshold=0.4, batch_size=3, epochs=1, warmup_steps=0, val_size=6, lr=1e-2)
+    res = finetune_counterfactual(clip, tok, proc, ds['train'], ds['train'].features['label'].names, MICRO_TEMPLATES, cfg,
+                                  progress=False, keep_cams=True)
+    assert len(res.cams) == len(res.history) == 2
+    rows, rel = res.cams[0]
+    zs = _zs(clip, tok, ds)
+    x, y = pixel_values(proc, ds['train'].select(rows.tolist())['image']), torch.tensor(ds['train']['label'])[rows]
+    assert torch.allclose(rel, class_cam(clip.vision_model, zs, x, y), atol=1e-5)   # independent: the pre-trained model's CAM
+    assert not torch.allclose(res.cams[1][1], class_cam(clip.vision_model, zs, *(lambda r: (pixel_values(proc, ds['train'].select(r.tolist())['image']),
+                              torch.tensor(ds['train']['label'])[r]))(res.cams[1][0])), atol=1e-6)   # step 2: the student has moved
+
+def test_official_model_soups_layout(tmp_path):
+    "Issue 24.7: the official checkpoints (model. prefix, text transformer deleted, classification_head.*) are read and score with their own head."
+    import math
+    from fusion_nb.masking.openai_clip import official_soup_classifier, official_uniform_soup, openai_clip_model
+    g = torch.Generator().manual_seed(0); r = lambda *s: 0.2 * torch.randn(*s, generator=g)
+    w, p, grid, e = 32, 4, 2, 16
+    sd = {'visual.conv1.weight': r(w, 3, p, p), 'visual.class_embedding': r(w), 'visual.positional_embedding': r(grid * grid + 1, w), 'visual.proj': r(w, e),
+          'token_embedding.weight': r(20, w), 'positional_embedding': r(5, w), 'text_projection': r(w, e), 'logit_scale': torch.tensor(math.log(50.))}
+    for n in ('visual.ln_pre', 'visual.ln_post', 'ln_final'): sd[f'{n}.weight'], sd[f'{n}.bias'] = 1 + r(w), r(w)
+    for root in ('visual.transformer.resblocks.0.', 'transformer.resblocks.0.'):
+        sd.update({root + 'attn.in_proj_weight': r(3 * w, w), root + 'attn.in_proj_bias': r(3 * w), root + 'attn.out_proj.weight': r(w, w),
+                   root + 'attn.out_proj.bias': r(w), root + 'ln_1.weight': 1 + r(w), root + 'ln_1.bias': r(w), root + 'ln_2.weight': 1 + r(w),
+                   root + 'ln_2.bias': r(w), root + 'mlp.c_fc.weight': r(4 * w, w), root + 'mlp.c_fc.bias': r(4 * w),
+                   root + 'mlp.c_proj.weight': r(w, 4 * w), root + 'mlp.c_proj.bias': r(w)})
+    head_w, head_b = r(7, e), r(7)
+    official = {**{'model.' + k: v for k, v in sd.items() if not k.startswith('transformer.')},
+                'classification_head.weight': head_w, 'classification_head.bias': head_b}
+    torch.save(official, tmp_path/'soup0.pt'); torch.save(official, tmp_path/'soup1.pt')
+    clf = official_soup_classifier(tmp_path/'soup0.pt', vision_heads=4)
+    full = openai_clip_model(sd, vision_heads=4, text_heads=4)   # the same weights through the whole-CLIP converter
+    x = torch.randn(3, 3, grid * p, grid * p, generator=g)
+    with torch.no_grad():
+        f = full.visual_projection(full.vision_model(pixel_values=x).pooler_output)
+        assert torch.allclose(clf(x), F.normalize(f, dim=-1) @ head_w.T + head_b, atol=1e-5)
+        assert torch.allclose(official_uniform_soup([tmp_path/'soup0.pt', tmp_path/'soup1.pt'], vision_heads=4)(x), clf(x), atol=1e-5)

@@ -90,3 +90,30 @@ def test_standin_set_is_the_tiny_path():
     s = standin_set(x, y, torch.nn.functional.one_hot(y, 12).bool())
     scores = torch.randn(6, 12)
     assert s.decide(scores).tolist() == scores.argmax(1).tolist() and s.groups == [[i] for i in range(12)]
+
+def test_imagenet_c_splits_draw_per_cell(tmp_path):
+    "Issue 24.2: one shuffle reused for all 75 cells put the same c_images base images in every cell of a split."
+    root = tmp_path/'inc'
+    for c in IMAGENET_C_CORRUPTIONS:
+        for v in range(1, 6):
+            for k in range(12): png(root/c/str(v)/IMAGENET_WNIDS[k]/f'ILSVRC2012_val_{k + 1:08d}.JPEG', k)
+    s = shift_set('imagenet_c', {'imagenet_c': str(root)}, 1, 1, c_images=2)
+    base = {sp: {int(e.y[i]) for i in range(len(e))} for sp, e in s.items()}   # the label is the base image here (one per wnid)
+    assert all(len(s[sp]) == 150 for sp in s)
+    assert min(len(b) for b in base.values()) >= 5       # before: exactly 2 distinct images per split
+    assert base['adapt'].isdisjoint(base['test'])         # a corrupted copy of an adapt image is never a test image
+
+def test_imagenet_real_test_holds_no_imagenet_selection_image(tmp_path):
+    "Issue 24.3: IN-REAL's test split held IMAGENET's adapt (selection) images; they now follow IMAGENET's split."
+    n = 60
+    files = [tmp_path/'val'/f'ILSVRC2012_val_{k:08d}.JPEG' for k in range(1, n + 1)]
+    for k, f in enumerate(files): png(f, 4 * k)
+    feats = datasets.Features({'image': datasets.Image(), 'label': datasets.ClassLabel(names=[f'n{i}' for i in range(1000)])})
+    datasets.DatasetDict({'validation': datasets.Dataset.from_dict({'image': [str(f) for f in files], 'label': [k % 1000 for k in range(n)]},
+                                                                  features=feats)}).save_to_disk(str(tmp_path/'in'))
+    (tmp_path/'real.json').write_text(json.dumps([[] if k % 7 == 3 else [k] for k in range(n)]))
+    src = {'imagenet': str(tmp_path/'in'), 'imagenet_real': str(tmp_path/'real.json')}
+    im, re_ = shift_set('imagenet', src, 20, 100), shift_set('imagenet_real', src, 20, 100)
+    ids = lambda e: {int(e.x[i, 0, 0, 0]) // 4 for i in range(len(e))}   # which file: its pixel value
+    assert ids(re_['test']).isdisjoint(ids(im['adapt'])) and ids(re_['adapt']).isdisjoint(ids(im['test']))
+    assert ids(re_['adapt']) | ids(re_['test']) == {k for k in range(n) if k % 7 != 3}   # every labelled image, once

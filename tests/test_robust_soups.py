@@ -82,3 +82,13 @@ def test_throughput_bench_smoke(capsys):
     t = mod.main(['--soups', '4', '--images', '4', '--batch', '4', '--repeat', '1', '--naive-soups', '2', '--width', '4'])
     assert set(t) == {'bare', 'inplace', 'naive', 'set', 'build'} and all(v > 0 for v in t.values())
     assert 'passes per soup' in capsys.readouterr().out
+
+def test_fig8_selection_breaks_ties_at_random():
+    "Issue 24.5: with tied soups, argmax took the first in grid order (the most extrapolated) in every trial."
+    import numpy as np
+    from fusion_nb.robust.soups import pick_best
+    rng = np.random.default_rng(1)
+    acc = np.array([0.8, 0.8, 0.6, 0.8])
+    picks = [pick_best(acc, rng) for _ in range(200)]
+    assert {j for j, _ in picks} == {0, 1, 3} and {t for _, t in picks} == {3}
+    assert sum(j == 0 for j, _ in picks) < 120   # argmax's grid order: 200 of 200

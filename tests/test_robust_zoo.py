@@ -15,9 +15,9 @@ TINY = ZooBudget(n_train=24, width=4, epochs=1, finetune_epochs=1, attack_steps=
 
 def count_attacks(monkeypatch):
     calls = []
-    real = M.apgd
+    real = M.apgd_train
     def spy(model, x, y, norm, eps, **kw): calls.append((norm, len(x))); return real(model, x, y, norm, eps, **kw)
-    monkeypatch.setattr(M, 'apgd', spy)
+    monkeypatch.setattr(M, 'apgd_train', spy)
     return calls
 
 @pytest.mark.parametrize('combine,per_batch', [('max', 2), ('sat', 1)])
@@ -105,3 +105,26 @@ def test_bad_input(tmp_path):
         adversarial_train(convnet(4), x, y, ('linf', 'l2'), eps=0.1, epochs=1)
     with pytest.raises(UnknownNameError, match="unknown combine 'mean'"):
         adversarial_train(convnet(4), x, y, ('linf', 'l2'), combine='mean', epochs=1, batch_size=8, attack_steps=1)
+
+def test_training_inputs_are_eq2s_maximiser():
+    "Issue 24.1: every training example is attacked (the misclassified ones too) and carries the highest-loss iterate."
+    model = convnet(4).eval(); x, y = standin('cifar10', 'train', 16)
+    with torch.no_grad(): wrong = model(x).argmax(1) != y
+    assert wrong.any()
+    for a in training_attacks(['linf', 'l2', 'l1'], attack_steps=3):
+        xa = perturb_batch(model, x, y, [a])
+        assert ((xa - x).flatten(1).abs().amax(1) > 0).all(), a['norm']   # the evaluation attack left `wrong` at x
+        with torch.no_grad(): ce_adv, ce = (F.cross_entropy(model(v), y, reduction='none') for v in (xa, x))
+        assert (ce_adv >= ce - 1e-6).all()   # the highest-loss iterate is never below the clean start
+
+def test_nominal_ingredient_gets_its_100_epochs(monkeypatch):
+    "Issue 24.4: θ∞→nominal was fine-tuned on the robust fine-tunes' short schedule; §5 / App. A.1 give it 100 epochs."
+    seen = {}
+    monkeypatch.setattr(Z, 'adversarial_train', lambda model, x, y, norm, **kw: seen.setdefault(norm, kw['epochs']) and model)
+    b = ZooBudget(n_train=4, width=2, epochs=3, finetune_epochs=2, batch_size=4)
+    specs = {s.name: s for s in zoo_specs('imagenet')}
+    x, y = torch.rand(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)
+    Z.train_model(specs['theta_linf_to_nominal'], 'imagenet', x, y, b, start=convnet(2, 12))
+    Z.train_model(specs['theta_linf_to_l2'], 'imagenet', x, y, b, start=convnet(2, 12))
+    Z.train_model(specs['theta_linf'], 'imagenet', x, y, b)
+    assert seen == {None: 100, ('l2',): 2, ('linf',): 3}

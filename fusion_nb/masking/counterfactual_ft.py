@@ -25,11 +25,11 @@ from .cam import ZeroShotLogits, class_cam
 from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 
 # %% auto #0
-__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'counterfactual_loss', 'kd_loss', 'subset_predictions',
-           'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels',
-           'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe', 'class_groups',
-           'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'embedding_distances', 'feature_drift',
-           'counterfactual_distance', 'claim_findings']
+__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'SPLIT_SEED', 'counterfactual_loss', 'kd_loss',
+           'subset_predictions', 'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits',
+           'dataset_pixels', 'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe',
+           'class_groups', 'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'embedding_distances',
+           'feature_drift', 'counterfactual_distance', 'claim_findings']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -177,22 +177,27 @@ class FineTuneResult:
     history:pd.DataFrame = field(repr=False)
     head:Tensor|None = field(default=None, repr=False)   # [classes, D] the head the encoder was selected with
     projection:nn.Module|None = field(default=None, repr=False)   # its visual projection when trained (`train_projection_head`), else None
+    cams:list|None = field(default=None, repr=False)   # `keep_cams`: per step, (training rows, CAM relevance) of the masks built in training
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #8ca7908e
-def _split(n:int, val_size:int, g:torch.Generator)->tuple[Tensor, Tensor]:
-    "(train, validation) indices: a seeded random `val_size` images held out of `n`."
+SPLIT_SEED = 0  # the validation images are fixed, whatever the run's seed (the authors fix their split)
+
+def _split(n:int, val_size:int)->tuple[Tensor, Tensor]:
+    "(train, validation) indices: `val_size` images held out of `n` by a fixed seed (`SPLIT_SEED`), the same for every run."
     if val_size >= n: raise FusionError(f"val_size={val_size} leaves no training images out of {n}: hold out fewer")
-    perm = torch.randperm(n, generator=g)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED))
     return perm[val_size:], perm[:val_size]
 
 def _cf_term(cfg, student, teacher, zs, frozen, x, y, patch_size, g):
-    "β·MSE(f̂(x_cf), f(x_cf)) for a batch, with its MSE (zero tensors when β = 0); `frozen` holds f̂'s projection."
-    if cfg.beta == 0: return (torch.zeros((), device=x.device),) * 2
+    "(β·MSE(f̂(x_cf), f(x_cf)), its MSE, the CAM relevance masked by or None) for a batch; `frozen` holds f̂'s projection."
+    # a refill takes patches from the batch's other images: a one-image batch (the last of an epoch when
+    # n_train % batch_size == 1) has none, so its step is CE (and KD) only
+    if cfg.beta == 0 or (len(x) < 2 and cfg.masking != 'none' and cfg.refill != 'none'): return (torch.zeros((), device=x.device),) * 2 + (None,)
     rel = class_cam(student, zs, x, y) if cfg.masking in ('object', 'context') else None
     cf = counterfactuals(x, patch_size, cfg.masking, cfg.refill, rel, cfg.threshold, cfg.rate, generator=g)
     with torch.no_grad(): target = counterfactual_features(teacher, frozen, cf)
     mse = F.mse_loss(counterfactual_features(student, zs, cf), target)
-    return cfg.beta * mse, mse
+    return cfg.beta * mse, mse, rel
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #c13ac509
 def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchanged): f̂, the head's text tower
@@ -205,6 +210,7 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
                             head:Tensor|None=None, # [classes, D] classification head g (default: the zero-shot head)
                             train_head:bool=False, # fine-tune the head too (LP-FT: start from a linear probe's head)
                             seed:int=0, device=None, progress:bool=True,
+                            keep_cams:bool=False, # keep each step's CAM relevance (object/context masking): Table 2's masks
                            )->FineTuneResult:
     "Fine-tune a copy of `clip`'s vision encoder with eq. 2 (or eq. 3 with a KD teacher); return the best on validation."
     if (kd_teacher is None) != (cfg.kd_gamma == 0):
@@ -215,7 +221,7 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
     y_all = torch.as_tensor(train_dataset['label'])
     if len(y_all) and (int(y_all.min()) < 0 or int(y_all.max()) >= len(class_names)):
         raise FusionError(f"labels span {int(y_all.min())}..{int(y_all.max())} but {len(class_names)} class names were given")
-    train_idx, val_idx = _split(len(y_all), cfg.val_size, g)
+    train_idx, val_idx = _split(len(y_all), cfg.val_size)
     clip = clip.to(device).eval()
     if head is None: head = zeroshot_head(clip, tokenizer, class_names, templates, device=device)
     elif head.shape != (len(class_names), clip.config.projection_dim):
@@ -239,14 +245,15 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
     snapshot = lambda: (copy.deepcopy(student.state_dict()), (zs.head.detach() / scale.to(device) if cfg.train_projection_head else zs.head.detach()).clone(),   # the head as evaluate_id_ood scales it
                         copy.deepcopy(zs.visual_projection.state_dict()))
     best = (-1., 0, None)   # the paper selects among fine-tuned checkpoints: the starting model is not a candidate
-    rows, order = [], torch.zeros(0, dtype=torch.long)
+    rows, order, cams = [], torch.zeros(0, dtype=torch.long), []
     for step in tqdm(range(1, total + 1), desc='counterfactual fine-tuning', disable=not progress, leave=False):
         if len(order) == 0: order = train_idx[torch.randperm(len(train_idx), generator=g)]   # a new epoch
         i, order = order[:cfg.batch_size], order[cfg.batch_size:]
         x, y = dataset_pixels(processor, train_dataset, i).to(device), y_all[i].to(device)
         logits = zs(student(pixel_values=x).pooler_output)
         ce = F.cross_entropy(logits, y)
-        cf_loss, mse = _cf_term(cfg, student, teacher, zs, frozen, x, y, patch, g)
+        cf_loss, mse, rel = _cf_term(cfg, student, teacher, zs, frozen, x, y, patch, g)
+        if keep_cams and rel is not None: cams.append((i.cpu(), rel.detach().cpu()))
         kd = kd_loss(logits, zs(kd_teacher(pixel_values=x).pooler_output), cfg.kd_temperature) if kd_teacher is not None else torch.zeros((), device=device)
         loss = ce + cf_loss + cfg.kd_gamma * kd
         if not torch.isfinite(loss): raise NonFiniteError(f"finetune_counterfactual: the loss is {float(loss)} at step {step} (lr={cfg.lr})")
@@ -265,7 +272,7 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
     if cfg.train_projection_head:
         projection = copy.deepcopy(clip.visual_projection).requires_grad_(False)
         projection.load_state_dict(best[2][2])
-    return FineTuneResult(vision.to(device).eval(), best[1], best[0], pd.DataFrame(rows), best[2][1].cpu(), projection)
+    return FineTuneResult(vision.to(device).eval(), best[1], best[0], pd.DataFrame(rows), best[2][1].cpu(), projection, cams if keep_cams else None)
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #3dd85c6e
 def linear_probe(clip:CLIPModel, tokenizer, processor, # the pre-trained CLIP, its tokenizer and image processor

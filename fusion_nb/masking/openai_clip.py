@@ -1,4 +1,4 @@
-"""OpenAI-format CLIP checkpoints (`.pt` state dicts, as the official model soups' 72 ViT-B/32 fine-tunes are distributed) converted to transformers' `CLIPModel`, so that they can be soup ingredients (paper 003, table 3).
+"""OpenAI-format CLIP checkpoints (`.pt` state dicts, as the official model soups' 72 ViT-B/32 fine-tunes are distributed) converted to transformers' `CLIPModel`, and the official model-soups checkpoints read as released (their own head, no text tower) for paper 003's uniform-soup row (table 3).
 
 Docs: https://fusion-nb.github.io/fusion_nb/masking/openai_clip.html.md"""
 
@@ -8,15 +8,17 @@ Docs: https://fusion-nb.github.io/fusion_nb/masking/openai_clip.html.md"""
 from __future__ import annotations
 import math, re
 from pathlib import Path
+from typing import Sequence
 
 import torch
-from torch import Tensor
-from transformers import CLIPConfig, CLIPModel
+from torch import Tensor, nn
+from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel
 
 from ..core import FusionError
 
 # %% auto #0
-__all__ = ['openai_clip_config', 'openai_to_hf_state', 'load_openai_state', 'openai_clip_model']
+__all__ = ['openai_clip_config', 'openai_to_hf_state', 'load_openai_state', 'openai_clip_model', 'SoupClassifier',
+           'official_soup_classifier', 'official_uniform_soup']
 
 # %% ../../nbs/masking/44_openai_clip.ipynb #ba79c837
 _BLOCK = {'ln_1': 'layer_norm1', 'ln_2': 'layer_norm2', 'mlp.c_fc': 'mlp.fc1', 'mlp.c_proj': 'mlp.fc2', 'attn.out_proj': 'self_attn.out_proj'}
@@ -33,18 +35,24 @@ def _layers(sd:dict, prefix:str)->int:
     return len(found)
 
 # %% ../../nbs/masking/44_openai_clip.ipynb #5e41098b
+def _vision_config(sd:dict, heads:int|None)->dict:
+    "CLIPVisionConfig's fields of the OpenAI vision tower in `sd` (sizes read off the shapes)."
+    vw, patch = sd['visual.conv1.weight'].shape[0], sd['visual.conv1.weight'].shape[-1]
+    grid = math.isqrt(sd['visual.positional_embedding'].shape[0] - 1)
+    if grid * grid + 1 != sd['visual.positional_embedding'].shape[0]: raise FusionError("visual.positional_embedding: not a square grid plus the class token")
+    return dict(hidden_size=vw, intermediate_size=sd['visual.transformer.resblocks.0.mlp.c_fc.weight'].shape[0], num_hidden_layers=_layers(sd, 'visual.transformer.resblocks.'),
+                num_attention_heads=heads or vw // 64, image_size=grid * patch, patch_size=patch, hidden_act='quick_gelu', layer_norm_eps=1e-5)
+
 def openai_clip_config(sd:dict, # an OpenAI-format CLIP (ViT) state dict
                        vision_heads:int|None=None, text_heads:int|None=None, # default: width / 64, as OpenAI's build_model
                       )->CLIPConfig:
     "transformers' CLIPConfig of the OpenAI ViT CLIP whose state dict is `sd` (sizes read off the shapes)."
     missing = [k for k in ('visual.conv1.weight', 'visual.proj', 'visual.positional_embedding', 'token_embedding.weight', 'text_projection', 'ln_final.weight') if k not in sd]
     if missing: raise FusionError(f"not an OpenAI-format ViT CLIP state dict: no {missing} (a ResNet CLIP, or another layout?)")
-    vw, patch = sd['visual.conv1.weight'].shape[0], sd['visual.conv1.weight'].shape[-1]
-    grid = math.isqrt(sd['visual.positional_embedding'].shape[0] - 1)
-    if grid * grid + 1 != sd['visual.positional_embedding'].shape[0]: raise FusionError("visual.positional_embedding: not a square grid plus the class token")
+    if 'classification_head.weight' in sd: raise FusionError("an official model-soups checkpoint (its text tower removed, its own classification "
+                                                            "head): read it with official_soup_classifier")
+    vision = _vision_config(sd, vision_heads)
     tw, vocab = sd['ln_final.weight'].shape[0], sd['token_embedding.weight'].shape[0]
-    vision = dict(hidden_size=vw, intermediate_size=sd['visual.transformer.resblocks.0.mlp.c_fc.weight'].shape[0], num_hidden_layers=_layers(sd, 'visual.transformer.resblocks.'),
-                  num_attention_heads=vision_heads or vw // 64, image_size=grid * patch, patch_size=patch, hidden_act='quick_gelu', layer_norm_eps=1e-5)
     text = dict(hidden_size=tw, intermediate_size=sd['transformer.resblocks.0.mlp.c_fc.weight'].shape[0], num_hidden_layers=_layers(sd, 'transformer.resblocks.'),
                 num_attention_heads=text_heads or tw // 64, vocab_size=vocab, max_position_embeddings=sd['positional_embedding'].shape[0],
                 hidden_act='quick_gelu', layer_norm_eps=1e-5, bos_token_id=vocab - 2, eos_token_id=vocab - 1)   # OpenAI's last two ids: start, end of text
@@ -55,15 +63,20 @@ def openai_clip_config(sd:dict, # an OpenAI-format CLIP (ViT) state dict
 
 # %% ../../nbs/masking/44_openai_clip.ipynb #70dd210f
 def openai_to_hf_state(sd:dict, # an OpenAI-format CLIP (ViT) state dict
+                       vision_only:bool=False, # convert the vision tower and its projection only (the rest is ignored)
                       )->dict[str, Tensor]:
     "The same weights under transformers' `CLIPModel` names (q, k, v split out of `in_proj`, projections transposed)."
     out, used = {}, set()
     def put(src, dst, t=None): out[dst] = sd[src] if t is None else t; used.add(src)
-    for src, dst in _TOP.items(): put(src, dst)
-    for src, dst in _NORMS.items(): put(f'{src}.weight', f'{dst}.weight'); put(f'{src}.bias', f'{dst}.bias')
+    keep = lambda src: not vision_only or src.startswith('visual.')
+    for src, dst in _TOP.items():
+        if keep(src): put(src, dst)
+    for src, dst in _NORMS.items():
+        if keep(src): put(f'{src}.weight', f'{dst}.weight'); put(f'{src}.bias', f'{dst}.bias')
     put('visual.proj', 'visual_projection.weight', sd['visual.proj'].T.contiguous())
-    put('text_projection', 'text_projection.weight', sd['text_projection'].T.contiguous())
-    for src_root, dst_root in (('visual.transformer.resblocks.', 'vision_model.encoder.layers.'), ('transformer.resblocks.', 'text_model.encoder.layers.')):
+    if not vision_only: put('text_projection', 'text_projection.weight', sd['text_projection'].T.contiguous())
+    towers = (('visual.transformer.resblocks.', 'vision_model.encoder.layers.'), ('transformer.resblocks.', 'text_model.encoder.layers.'))
+    for src_root, dst_root in towers[:1] if vision_only else towers:
         for i in range(_layers(sd, src_root)):
             s, d = f'{src_root}{i}.', f'{dst_root}{i}.'
             for a, b in _BLOCK.items():
@@ -71,19 +84,22 @@ def openai_to_hf_state(sd:dict, # an OpenAI-format CLIP (ViT) state dict
             for kind in ('weight', 'bias'):
                 for name, part in zip('qkv', sd[f'{s}attn.in_proj_{kind}'].chunk(3)): out[f'{d}self_attn.{name}_proj.{kind}'] = part.contiguous()
                 used.add(f'{s}attn.in_proj_{kind}')
-    left = sorted(k for k in sd if k not in used and k not in ('input_resolution', 'context_length', 'vocab_size'))   # the JIT archive's ints
+    left = sorted(k for k in sd if k not in used and k not in ('input_resolution', 'context_length', 'vocab_size')   # the JIT archive's ints
+                  and keep(k) and not k.startswith('classification_head.'))
     if left: raise FusionError(f"OpenAI CLIP state dict: {len(left)} tensors not converted: {left[:5]}")
     return out
 
 # %% ../../nbs/masking/44_openai_clip.ipynb #910f760e
 def load_openai_state(path:str|Path)->dict[str, Tensor]:
-    "An OpenAI-format CLIP state dict from a `.pt` file: a pickled state dict (model soups) or OpenAI's TorchScript archive."
+    "An OpenAI-format CLIP state dict from a `.pt` file: a pickled state dict (model soups: `model.` prefix and `classification_head.*`) or OpenAI's TorchScript archive."
     path = Path(path)
     if not path.is_file(): raise FusionError(f"no OpenAI CLIP checkpoint at {path}")
     try: sd = torch.load(path, map_location='cpu', weights_only=True)
     except Exception: sd = torch.jit.load(str(path), map_location='cpu').state_dict()   # OpenAI's own downloads are TorchScript
     if isinstance(sd, dict) and 'state_dict' in sd and isinstance(sd['state_dict'], dict): sd = sd['state_dict']
-    return {k.removeprefix('module.'): v for k, v in sd.items()}
+    sd = {k.removeprefix('module.'): v for k, v in sd.items()}
+    if 'classification_head.weight' in sd: sd = {k.removeprefix('model.'): v for k, v in sd.items()}   # model soups' ModelWrapper: model.<CLIP>
+    return sd
 
 def openai_clip_model(source:str|Path|dict, # a `.pt` file or an OpenAI-format state dict
                       vision_heads:int|None=None, text_heads:int|None=None)->CLIPModel:
@@ -95,3 +111,37 @@ def openai_clip_model(source:str|Path|dict, # a `.pt` file or an OpenAI-format s
     missing = [k for k in missing if not k.endswith('position_ids')]   # a buffer transformers builds itself
     if missing or unexpected: raise FusionError(f"converted OpenAI CLIP does not fit CLIPModel: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return model.eval()
+
+# %% ../../nbs/masking/44_openai_clip.ipynb #2d491fad
+class SoupClassifier(nn.Module):
+    "Model soups' ModelWrapper with transformers' vision tower: image features, L2-normalised, through its own linear head."
+    def __init__(self, vision_model:CLIPVisionModel, visual_projection:nn.Linear, head:nn.Linear):
+        super().__init__(); self.vision_model, self.visual_projection, self.head = vision_model, visual_projection, head
+    def forward(self, pixel_values:Tensor)->Tensor:
+        f = self.visual_projection(self.vision_model(pixel_values=pixel_values).pooler_output)
+        return self.head(f / f.norm(dim=-1, keepdim=True))
+
+def official_soup_classifier(source:str|Path|dict, # an official model-soups `.pt` file or its (averaged) state dict
+                             vision_heads:int|None=None)->SoupClassifier:
+    "An official model-soups checkpoint as a classifier with its own head (no text tower needed)."
+    sd = source if isinstance(source, dict) else load_openai_state(source)
+    if 'classification_head.weight' not in sd: raise FusionError("not an official model-soups checkpoint: no classification_head.weight")
+    hf, cfg = openai_to_hf_state(sd, vision_only=True), CLIPVisionConfig(**_vision_config(sd, vision_heads))
+    vm = CLIPVisionModel(cfg)
+    vm.load_state_dict({k.removeprefix('vision_model.'): v.float() for k, v in hf.items() if k.startswith('vision_model.')})   # transformers 5's names
+    proj = nn.Linear(*hf['visual_projection.weight'].shape[::-1], bias=False); proj.weight.data = hf['visual_projection.weight'].float()
+    w = sd['classification_head.weight'].float(); head = nn.Linear(w.shape[1], w.shape[0])
+    head.weight.data, head.bias.data = w, sd['classification_head.bias'].float()
+    return SoupClassifier(vm, proj, head).eval()
+
+def official_uniform_soup(sources:Sequence[str|Path], # the official checkpoints' `.pt` files
+                          vision_heads:int|None=None)->SoupClassifier:
+    "The uniform soup of official model-soups checkpoints: every tensor averaged (the head too), read one file at a time."
+    if not sources: raise FusionError("official_uniform_soup: no checkpoints listed")
+    avg = None
+    for s in sources:
+        sd = {k: v.float() for k, v in load_openai_state(s).items() if v.is_floating_point()}
+        if avg is not None and sd.keys() != avg.keys(): raise FusionError(f"{s}: not the same tensors as {sources[0]}")
+        avg = sd if avg is None else {k: avg[k] + sd[k] for k in avg}
+    return official_soup_classifier({k: v / len(sources) for k, v in avg.items()}, vision_heads)
+

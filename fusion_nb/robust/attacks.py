@@ -19,8 +19,8 @@ from ..core import FusionError, HyperparameterError, UnknownNameError, check_ran
 # %% auto #0
 __all__ = ['NORMS', 'BUDGETS', 'BUDGET_SOURCES', 'LOSSES', 'check_norm', 'check_eps', 'budget', 'lp_norm', 'project_linf',
            'project_l2', 'project_l1', 'ce_loss', 'dlr_loss', 'dlr_targeted_loss', 'kl_loss', 'get_loss', 'project',
-           'ascent_direction', 'random_start', 'AttackResult', 'pgd', 'apgd_checkpoints', 'apgd', 'threat_models',
-           'robust_accuracy']
+           'ascent_direction', 'random_start', 'AttackResult', 'pgd', 'apgd_checkpoints', 'largereps_schedule', 'apgd',
+           'apgd_train', 'threat_models', 'robust_accuracy']
 
 # %% ../../nbs/robust/50_attacks.ipynb #34d85c7a
 NORMS = ('linf', 'l2', 'l1')  # the three ℓp threat models of paper 002
@@ -67,7 +67,8 @@ def budget(dataset:str, # 'cifar10' or 'imagenet' (paper 002's two benchmarks)
     if protocol == 'strong' and pd.isna(row.strong_steps): raise UnknownNameError(f"paper 002 has no 'strong' protocol for {dataset!r} (only CIFAR-10's three-model soups)")
     steps, restarts, loss = {'eval': (row.eval_steps, 1, row.eval_loss), 'strong': (row.strong_steps, row.strong_restarts, row.strong_loss),
                              'train': (row.train_steps, 1, row.train_loss)}[protocol]
-    return dict(norm=norm, eps=float(row.eps), steps=int(steps), restarts=int(restarts), loss=loss)
+    out = dict(norm=norm, eps=float(row.eps), steps=int(steps), restarts=int(restarts), loss=loss)
+    return {**out, 'largereps': True} if protocol == 'strong' and norm == 'l1' else out  # AutoAttack's standard ℓ1 (see `apgd`)
 
 # %% ../../nbs/robust/50_attacks.ipynb #135ab752
 def lp_norm(delta:torch.Tensor, # perturbations, batch first
@@ -242,11 +243,11 @@ def apgd_checkpoints(steps:int)->list[int]:
     return out
 
 # %% ../../nbs/robust/50_attacks.ipynb #271e30fb
-def _apgd_run(model, x, y, norm, eps, steps, loss_fn, target, clean, x0, rho=0.75):
+def _apgd_run(model, x, y, norm, eps, steps, loss_fn, target, clean, x0, rho=0.75, init_topk=0.2, keep_best=False):
     n, d, l1 = len(x), x[0].numel(), norm == 'l1'
     alpha = 1.0 if l1 else 2.0
     eta = torch.full((n,), alpha * eps, device=x.device, dtype=x.dtype)
-    topk, sp_old = torch.full((n,), 0.2, dtype=torch.float64), torch.full((n,), float(d), dtype=torch.float64)
+    topk, sp_old = torch.full((n,), float(init_topk), dtype=torch.float64), torch.full((n,), float(d), dtype=torch.float64)
     checks = set(range(max(int(0.04 * steps), 1), steps + 1, max(int(0.04 * steps), 1))) if l1 else set(apgd_checkpoints(steps))
     loss, grad, z = _loss_and_grad(model, x0, y, loss_fn, target, clean)
     robust = z.argmax(1) == y
@@ -279,11 +280,32 @@ def _apgd_run(model, x, y, norm, eps, steps, loss_fn, target, clean, x0, rho=0.7
                 eta = torch.where(cut, eta / 2, eta)
             x_adv = torch.where(_bcast(cut, x), best_x, x_adv); grad = torch.where(_bcast(cut, x), best_grad, grad)
             n_up.zero_(); since = 0
+    if keep_best: return best_x, robust, best_loss  # training (eq. 2): the highest-loss iterate, misclassified or not
     return torch.where(_bcast(robust, x), best_x, adv_x), robust, best_loss
 
+# %% ../../nbs/robust/50_attacks.ipynb #de9f2a06
+def largereps_schedule(steps:int)->list[tuple[float, int]]:
+    "AutoAttack's ℓ1 schedule: (radius multiple, steps) for 3ε, 2ε, ε with ⌈0.3N⌉, ⌈0.3N⌉ and the rest of N steps."
+    a = b = math.ceil(0.3 * steps)
+    if steps - a - b < 1: raise HyperparameterError(f"largereps needs steps >= 3 (three stages); got steps={steps}")
+    return [(3.0, a), (2.0, b), (1.0, steps - a - b)]
+
+def _apgd_largereps(model, x, y, eps, steps, loss_fn, target, clean, x0):
+    for mult, n in largereps_schedule(steps):
+        x0 = project(x, x0, 'l1', mult * eps)  # onto this stage's ball
+        last = mult == 1.0
+        x0, ok, lo = _apgd_run(model, x, y, 'l1', mult * eps, n, loss_fn, target, clean, x0, keep_best=not last)
+    return x0, ok, lo
+
+
 # %% ../../nbs/robust/50_attacks.ipynb #0e92ea39
-def _run_attack(model, x, y, norm, eps, steps, loss, restarts, seed, method, step_size=None, random_start=True, topk=0.01):
+def _run_attack(model, x, y, norm, eps, steps, loss, restarts, seed, method, step_size=None, random_start=True, topk=0.01,
+                largereps=False):
     norm, eps = check_norm(norm), check_eps(eps)
+    if step_size is not None: check_range('step_size', step_size, 0, low_inclusive=False)
+    check_range('topk', topk, 0, 1, low_inclusive=False)
+    if largereps and (norm != 'l1' or method != 'apgd'):
+        raise HyperparameterError(f"largereps is AutoAttack's ε schedule of APGD-ℓ1; not for {method} in {norm}")
     _check_batch(model, x, y); loss_fn = get_loss(loss)
     check_range('steps', steps, 1); check_range('restarts', restarts, 1)
     gen = torch.Generator().manual_seed(seed)
@@ -295,8 +317,9 @@ def _run_attack(model, x, y, norm, eps, steps, loss, restarts, seed, method, ste
         if not len(idx): break
         xi, yi, ci = x[idx], y[idx], clean[idx]
         target = ci.argsort(1, descending=True)[:, 1 + r % (ci.shape[1] - 1)] if loss == 'dlr-targeted' else None
-        x0 = _random_start(xi, norm, eps, gen) if (random_start or r > 0) else xi.clone()
-        if method == 'apgd': xa, ok, lo = _apgd_run(model, xi, yi, norm, eps, steps, loss_fn, target, ci, x0)
+        x0 = _random_start(xi, norm, 3 * eps if largereps else eps, gen) if (random_start or r > 0) else xi.clone()
+        if largereps: xa, ok, lo = _apgd_largereps(model, xi, yi, eps, steps, loss_fn, target, ci, x0)
+        elif method == 'apgd': xa, ok, lo = _apgd_run(model, xi, yi, norm, eps, steps, loss_fn, target, ci, x0)
         else: xa, ok, lo = _pgd_run(model, xi, yi, norm, eps, steps, loss_fn, target, ci, step_size or 2.5 * eps / steps, topk, x0)
         better = (lo > best[idx]) | ~ok
         x_out[idx[better]], best[idx[better]] = xa[better], lo[better]
@@ -316,9 +339,34 @@ def apgd(model:Callable, # classifier: a batch of images in [0, 1] → logits
          loss:str='dlr', # 'ce', 'dlr', 'dlr-targeted' or 'kl' (App. A.2: DLR for ℓ∞ / ℓ2, CE for ℓ1)
          restarts:int=1, # random restarts, each on the examples still robust
          seed:int=0, # seed of the random starts
+         largereps:bool=False, # ℓ1 only: AutoAttack's 3ε → 2ε → ε schedule (`use_largereps`)
         )->AttackResult:
     "Auto-PGD (Croce & Hein 2020; ℓ1: Croce & Hein 2021) in the ℓ∞, ℓ2 or ℓ1 threat model of eq. 1."
-    return _run_attack(model, x, y, norm, eps, steps, loss, restarts, seed, method='apgd')
+    return _run_attack(model, x, y, norm, eps, steps, loss, restarts, seed, method='apgd', largereps=largereps)
+
+# %% ../../nbs/robust/50_attacks.ipynb #89b99ba8
+def apgd_train(model:Callable, # classifier of images in [0, 1] (in eval mode)
+               x:torch.Tensor, # clean training images in [0, 1]
+               y:torch.Tensor, # labels
+               norm, # threat model: 'linf', 'l2' or 'l1'
+               eps:float, # radius
+               *,
+               steps:int=10, # APGD steps (App. A.1: 10 on CIFAR-10; ImageNet 2 / 2 / 20)
+               loss:str='ce', # 'ce' (CIFAR-10) or 'kl' (ImageNet, against the clean logits)
+               init_topk:float=0.05, # ℓ1 only: the reference's training sparsity at the first step
+               seed:int=0, # KL only: seed of the start's small noise
+              )->AttackResult:
+    "APGD as a training attack: every example attacked from the clean image, the highest-loss iterate returned."
+    norm, eps = check_norm(norm), check_eps(eps)
+    _check_batch(model, x, y); loss_fn = get_loss(loss)
+    check_range('steps', steps, 1); check_range('init_topk', init_topk, 0, 1, low_inclusive=False)
+    with torch.no_grad(): clean = model(x)
+    x0 = x.clone()
+    if loss == 'kl':  # KL and its gradient vanish at the clean image: TRADES's start, x + 0.001·N(0, I) in Δ(x)
+        x0 = project(x, x + 1e-3 * torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(x), norm, eps)
+    xa, ok, lo = _apgd_run(model, x, y, norm, eps, steps, loss_fn, None, clean, x0, init_topk=init_topk, keep_best=True)
+    return AttackResult(xa, ok & (clean.argmax(1) == y), lo, norm, eps)
+
 
 # %% ../../nbs/robust/50_attacks.ipynb #537f4d0f
 def threat_models(dataset:str='cifar10', # 'cifar10' or 'imagenet'
@@ -331,14 +379,15 @@ def threat_models(dataset:str='cifar10', # 'cifar10' or 'imagenet'
 def robust_accuracy(model:Callable, # classifier of images in [0, 1]
                     x:torch.Tensor, # clean images
                     y:torch.Tensor, # labels
-                    attacks:Sequence[dict]|None=None, # dict(norm, eps, steps, loss, restarts) each; default threat_models('cifar10')
+                    attacks:Sequence[dict]|None=None, # dict(norm, eps, steps, loss, restarts[, largereps]) each, e.g. threat_models('cifar10')
                     *,
                     union_only:bool=False, # attack only the examples still robust in the union (cheaper; per-norm columns become bounds)
                     seed:int=0, # seed of the random starts
                     batch_size:int|None=None, # attack this many examples at a time (None: all at once)
                    )->dict:
     "Clean accuracy, robust accuracy per threat model and in their union, and the per-example flags."
-    attacks = threat_models() if attacks is None else list(attacks)
+    if attacks is None: raise HyperparameterError("robust_accuracy needs the attacks (their radii depend on the dataset): e.g. threat_models('cifar10')")
+    attacks = list(attacks)
     if not attacks: raise HyperparameterError("robust_accuracy needs at least one attack")
     names = [check_norm(a['norm']) for a in attacks]
     if len(set(names)) != len(names): raise HyperparameterError(f"each threat model may appear once; got {names}")
@@ -352,7 +401,7 @@ def robust_accuracy(model:Callable, # classifier of images in [0, 1]
         for i in range(0, len(todo), bs):
             j = todo[i:i + bs]
             ok[j] = apgd(model, x[j], y[j], name, a['eps'], steps=a.get('steps', 40), loss=a.get('loss', 'dlr'),
-                         restarts=a.get('restarts', 1), seed=seed).robust.cpu()
+                         restarts=a.get('restarts', 1), seed=seed, largereps=a.get('largereps', False)).robust.cpu()
         flags[name] = ok; union &= ok
     acc = lambda f: float(f.float().mean()) if len(f) else float('nan')
     return dict(clean=acc(correct), **{n: acc(f) for n, f in flags.items()}, union=acc(union), flags=dict(clean=correct, **flags, union=union))

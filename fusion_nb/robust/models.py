@@ -16,7 +16,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core import HyperparameterError, UnknownNameError, check_range, seed_everything
-from .attacks import apgd, budget, check_eps, check_norm
+from .attacks import apgd, apgd_train, budget, check_eps, check_norm
 
 # %% auto #0
 __all__ = ['convnet', 'to_tensors', 'cifar10_standin', 'lr_at', 'training_attacks', 'perturb_batch', 'adversarial_train']
@@ -85,11 +85,12 @@ def perturb_batch(model:nn.Module, # attacked in eval mode (BatchNorm's running 
                   seed:int=0, # attack seed
                   generator:torch.Generator|None=None, # SAT's draw of the threat model
                  )->torch.Tensor:
-    "The training input of a batch: APGD in one threat model, MAX's per-example worst of several, or SAT's one drawn at random."
+    "The training input of a batch: `apgd_train` in one threat model, MAX's per-example worst of several, or SAT's one drawn at random."
     if combine not in ('max', 'sat'): raise UnknownNameError(f"unknown combine {combine!r}: expected 'max' (MAX) or 'sat' (SAT)")
     if not attacks: return xb
     if combine == 'sat': attacks = [attacks[int(torch.randint(len(attacks), (1,), generator=generator))]]
-    adv = torch.stack([apgd(model, xb, yb, a['norm'], a['eps'], steps=a['steps'], loss=a['loss'], seed=seed).x_adv.detach() for a in attacks])
+    adv = torch.stack([apgd_train(model, xb, yb, a['norm'], a['eps'], steps=a['steps'], loss=a['loss'], seed=seed).x_adv.detach()
+                       for a in attacks])
     if len(adv) == 1: return adv[0]
     with torch.no_grad(): loss = torch.stack([F.cross_entropy(model(xa), yb, reduction='none') for xa in adv])  # attacks × batch
     return adv[loss.argmax(0), torch.arange(len(yb))]

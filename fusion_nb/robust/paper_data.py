@@ -203,6 +203,21 @@ def _file_set(paths, y, groups, meta, accepted=None)->EvalSet:
     return EvalSet(x, y, acc, groups, meta.reset_index(drop=True))
 
 # %% ../../nbs/robust/55_paper_data.ipynb #14eeeec1
+def _imagenet_c_rows(files:pd.DataFrame, c_images:int, seed:int)->dict[str, pd.DataFrame]:
+    "IN-C's adapt / test files: base images split once into two disjoint pools, then c_images drawn per cell, each cell its own draw."
+    check_range('c_images', c_images, 1)
+    base = files.path.map(lambda p: Path(p).name)   # the validation image a file corrupts (the same name in every cell)
+    names = np.sort(base.unique()); names = names[np.random.default_rng(seed).permutation(len(names))]
+    pool = pd.Series(np.arange(len(names)) % 2, index=names)   # alternate halves: 0 adapt, 1 test
+    out = {'adapt': [], 'test': []}
+    for k, ((c, s), g) in enumerate(files.groupby(['corruption', 'severity'], sort=False)):
+        rng = np.random.default_rng((seed, k))   # a draw per cell: the 75 cells do not repeat one handful of images
+        for j, sp in enumerate(('adapt', 'test')):
+            rows = np.flatnonzero(pool[base[g.index]].to_numpy() == j)
+            if len(rows) < c_images: raise FusionError(f"imagenet_c: {c}/{s} has {len(rows)} images for the {sp} split, fewer than c_images = {c_images}")
+            out[sp].append(g.iloc[np.sort(rng.choice(rows, c_images, replace=False))])
+    return {sp: pd.concat(v) for sp, v in out.items()}
+
 def shift_set(name:str, # one of EXPERIMENT_TASKS['21']
               sources:dict[str, str], # task → the profile's dataset.<task>
               n_adapt:int, # adapt images (paper: 1000)
@@ -213,9 +228,7 @@ def shift_set(name:str, # one of EXPERIMENT_TASKS['21']
     if name not in EXPERIMENT_TASKS['21']: raise UnknownNameError(f"unknown shift {name!r}. Shifts: {', '.join(EXPERIMENT_TASKS['21'])}")
     import datasets
     if name == 'imagenet_c':   # c_images per corruption × severity in each split
-        cells = [g for _, g in imagenet_c_files(sources[name]).groupby(['corruption', 'severity'], sort=False)]
-        rows = [_split_rows(len(g), c_images, c_images, seed, name) for g in cells]
-        picked = {sp: pd.concat([g.iloc[r[sp]] for g, r in zip(cells, rows)]) for sp in ('adapt', 'test')}
+        picked = _imagenet_c_rows(imagenet_c_files(sources[name]), c_images, seed)
         groups = [[i] for i in range(len(IMAGENET_WNIDS))]
         return {sp: _file_set(list(t.path), list(t.label), groups, t[['corruption', 'severity']]) for sp, t in picked.items()}
     if name == 'conflict_stimuli':
@@ -228,14 +241,15 @@ def shift_set(name:str, # one of EXPERIMENT_TASKS['21']
     groups = imagenet_groups(ds.features['label'].names)
     if name != 'imagenet_real':
         return {sp: _tensor_set(ds, r, 'imagenet', groups) for sp, r in _split_rows(len(ds), n_adapt, n_test, seed, name).items()}
+    imagenet_rows = _split_rows(len(ds), n_adapt, n_test, seed, 'imagenet')   # IMAGENET's own split of the same images
     real = real_labels(sources['imagenet_real'])
     files = [im['path'] or '' for im in ds.cast_column('image', datasets.Image(decode=False))['image']]   # the file names, undecoded
     lists = [real[val_index(f)] if val_index(f) < len(real) else None for f in files]
     if any(l is None for l in lists): raise FusionError(f"imagenet_real: {sources['imagenet_real']} has {len(real)} entries, fewer than the validation images' indices")
-    keep = np.array([i for i, l in enumerate(lists) if l])   # ReaL leaves out the images no label fits
     out = {}
-    for sp, r in _split_rows(len(keep), n_adapt, n_test, seed, name).items():
-        rows = keep[r]; acc = torch.zeros(len(rows), len(groups), dtype=torch.bool)
+    for sp, r in imagenet_rows.items():   # IMAGENET's adapt / test images, less those no ReaL label fits (left out, as in ReaL accuracy)
+        rows = np.array([i for i in r if lists[i]], dtype=int); acc = torch.zeros(len(rows), len(groups), dtype=torch.bool)
+        if not len(rows): raise FusionError(f"imagenet_real: no image of IMAGENET's {sp} split has a ReaL label")
         for j, i in enumerate(rows): acc[j, lists[i]] = True
         out[sp] = _tensor_set(ds, rows, 'imagenet', groups, accepted=acc)
     return out

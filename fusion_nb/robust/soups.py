@@ -22,7 +22,7 @@ from ..methods.soups import affine_grid, weighted_average
 from .attacks import check_eps, check_norm, robust_accuracy
 
 # %% auto #0
-__all__ = ['check_affine', 'SoupKitchen', 'evaluate_soups', 'clean_accuracy']
+__all__ = ['check_affine', 'SoupKitchen', 'evaluate_soups', 'clean_accuracy', 'pick_best']
 
 # %% ../../nbs/robust/51_soups.ipynb #f921441b
 def _float_entries(model:nn.Module)->dict[str, torch.Tensor]:
@@ -124,3 +124,14 @@ def clean_accuracy(model:nn.Module, x:torch.Tensor, y:torch.Tensor, batch_size:i
     "Fraction of `x` classified as `y`, in batches."
     if not len(x): return float('nan')
     return float(sum(int((model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]).sum()) for i in range(0, len(x), batch_size)) / len(x))
+
+# %% ../../nbs/robust/51_soups.ipynb #f86e0b82
+def pick_best(scores, # one score per candidate (1-D array or tensor): higher is better
+              rng, # numpy Generator: draws among the tied best
+             )->tuple[int, int]:
+    "(index of a best candidate drawn uniformly among the tied best, how many tied)."
+    s = torch.as_tensor(scores).flatten()
+    if not len(s): raise HyperparameterError("pick_best needs at least one candidate")
+    best = (s == s.max()).nonzero()[:, 0]
+    return int(best[int(rng.integers(len(best)))]), len(best)
+

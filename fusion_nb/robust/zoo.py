@@ -21,8 +21,8 @@ from .models import adversarial_train, convnet, to_tensors
 
 # %% auto #0
 __all__ = ['STANDINS', 'PAPER_SIDE', 'STANDIN_RADIUS_SCALE', 'FINETUNE_LR_SCALE', 'standin_eps', 'standin_attacks', 'standin',
-           'ModelSpec', 'model_name', 'zoo_specs', 'ZooBudget', 'zoo_dir', 'peak_lr', 'train_model', 'robust_zoo',
-           'load_zoo', 'checkpoint_sources', 'missing_checkpoints', 'load_checkpoints']
+           'ModelSpec', 'model_name', 'zoo_specs', 'ZooBudget', 'zoo_dir', 'peak_lr', 'train_epochs', 'train_model',
+           'robust_zoo', 'load_zoo', 'checkpoint_sources', 'missing_checkpoints', 'load_checkpoints']
 
 # %% ../../nbs/robust/53_zoo.ipynb #f3d008d4
 STANDINS = {'cifar10': 10, 'imagenet': 12}  # paper 002's datasets → classes of the rendered stand-in (fusion_nb.tiny.tasks)
@@ -101,6 +101,7 @@ class ZooBudget:
     width:int = 16 # ConvNet width
     epochs:int = 20 # from scratch (App. A.1: 200; the tiny profile: 80, settings.ini)
     finetune_epochs:int = 4 # fine-tuning (App. A.1: 10 on CIFAR-10, 1 on ImageNet)
+    nominal_epochs:int = 100 # the nominal fine-tune θ∞→nominal (§5 / App. A.1: 100 epochs; no attack, so affordable)
     attack_steps:int|None = None # APGD steps in training (None: App. A.1's, 10 on CIFAR-10, 2/2/20 on ImageNet)
     batch_size:int = 128 # App. A.1 (the tiny profile: 32, settings.ini)
     lr:float = 0.1 # peak learning rate (App. A.1)
@@ -134,6 +135,11 @@ def peak_lr(spec:ModelSpec, dataset:str, lr:float)->float:
     if spec.start is None or len(spec.norms) != 1: return lr
     return lr * FINETUNE_LR_SCALE.get((dataset, spec.start.removeprefix('theta_'), spec.norms[0]), 1.0)
 
+def train_epochs(spec:ModelSpec, b:ZooBudget)->int:
+    "Epochs of one model: from scratch `epochs`; the nominal fine-tune `nominal_epochs` (§5: 100); other fine-tunes `finetune_epochs`."
+    if spec.start is None: return b.epochs
+    return b.nominal_epochs if not spec.norms else b.finetune_epochs
+
 def train_model(spec:ModelSpec, dataset:str, x:torch.Tensor, y:torch.Tensor, b:ZooBudget, start:nn.Module|None=None)->nn.Module:
     "Train one model of the zoo as its spec says (from scratch: step schedule; fine-tuning from `start`: cosine)."
     seed_everything(b.seed)   # the random initialisation is part of the recipe
@@ -143,7 +149,7 @@ def train_model(spec:ModelSpec, dataset:str, x:torch.Tensor, y:torch.Tensor, b:Z
         model.load_state_dict(start.state_dict())
     eps = {n: standin_eps(dataset, n) * spec.eps_factor for n in spec.norms}
     return adversarial_train(model, x, y, spec.norms or None, combine=spec.combine, dataset=dataset, eps=eps or None,
-                             epochs=b.finetune_epochs if spec.start else b.epochs, schedule='cosine' if spec.start else 'step',
+                             epochs=train_epochs(spec, b), schedule='cosine' if spec.start else 'step',
                              lr=peak_lr(spec, dataset, b.lr), batch_size=b.batch_size, attack_steps=b.attack_steps, seed=b.seed + (1 if spec.start else 0))
 
 # %% ../../nbs/robust/53_zoo.ipynb #1b86d60e
