@@ -36,6 +36,15 @@ def micro_dataset(path, classes, mode='RGB', splits=MICRO_SPLITS, seed=0):
     DatasetDict(dd).save_to_disk(str(path))
     return path
 
+def scratch_sources(root, tasks='ab', model='models/none', datasets='datasets'):
+    """Create what a scratch profile names (pretrained `model`, experts `model_<task>`, datasets `datasets/<task>`), empty
+    model folders and small datasets: `prepare` checks every source before anything runs, even for toy notebooks that read none."""
+    root = Path(root)
+    for d in [model, *[f'{model}_{t}' for t in tasks]]: (root/d).mkdir(parents=True, exist_ok=True)
+    for t in tasks:
+        if not (root/datasets/t).exists(): micro_dataset(root/datasets/t, ['x', 'y'], splits={'train': 2, 'test': 2})
+    return root
+
 def save_transformers4_layout(src_dir, out_dir, prefix_vision:bool):
     """Copy a model dir, rewriting its weights as transformers 4 saved them: vision keys under `vision_model.`
     (for a CLIPVisionModel, `prefix_vision`) and the integer `position_ids` buffers."""

@@ -196,7 +196,8 @@ def _project(tmp, settings):
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
     nbformat.write(nb, str(tmp/'nbs'/'experiments'/'00_a.ipynb'))
     (tmp/'settings.ini').write_bytes(settings if isinstance(settings, bytes) else settings.encode())
-    return tmp
+    from conftest import scratch_sources
+    return scratch_sources(tmp, tasks='a')
 
 CLI = [  # case, settings.ini, arguments, exit status, stderr fragments
     ('fusion-nb list with a non-UTF-8 settings.ini', b'[demo]\npretrained = a/b\n# caf\xe9\n', ['list'], 2, ['is not UTF-8 text: byte 0xe9 on line 3']),

@@ -9,6 +9,8 @@ SETTINGS = "[DEFAULT]\ntasks = a\n[demo]\ndescription = scratch\npretrained = ./
 
 def test_a_run_without_terminal_writes_lines_not_bars(tmp_path):
     (tmp_path/'settings.ini').write_text(SETTINGS)
+    from conftest import scratch_sources
+    scratch_sources(tmp_path, tasks='a', model='m', datasets='d')
     exp = tmp_path/'nbs'/'experiments'; exp.mkdir(parents=True)
     nb = nbformat.v4.new_notebook()
     p = nbformat.v4.new_code_cell("profile = 'demo'\noutput_dir = None"); p.metadata['tags'] = ['parameters']

@@ -6,6 +6,7 @@ import nbformat, pandas as pd, pytest
 
 import fusion_nb
 import fusion_nb.reproduce.runner
+from conftest import scratch_sources
 from fusion_nb.core import UnknownNameError, FusionError
 from fusion_nb.reproduce.runner import reproduce
 
@@ -50,7 +51,7 @@ def project(tmp_path, monkeypatch):
     write_nb(exp/'00_ok.ipynb', OK_BODY)
     write_nb(exp/'01_flaky.ipynb', FAIL_BODY)
     monkeypatch.setenv('FUSION_NB_ROOT', str(tmp_path))
-    return tmp_path
+    return scratch_sources(tmp_path)
 
 def run(project, **kw):
     lines = []
@@ -91,14 +92,15 @@ def test_skip_if_unchanged_and_rerun_on_change(project, monkeypatch):
     (project/'settings.ini').write_text(SETTINGS.replace('batch_size = 8', 'batch_size = 16'))  # an injected parameter
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
     assert (project/'outputs'/'demo'/'00_ok'/'results.csv').read_text() == 'batch_size\n16\n'
+    scratch_sources(project, model='models/other')
     (project/'settings.ini').write_text(SETTINGS.replace('batch_size = 8', 'batch_size = 16').replace('none_{task}', 'other_{task}'))
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # a profile value no notebook declares
-    (project/'models'/'none').mkdir(parents=True); (project/'models'/'none'/'config.json').write_text('{}')
-    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # local data appeared
+    (project/'models'/'none'/'config.json').write_text('{}')
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # local data changed (a file appeared)
     assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped'}
     monkeypatch.setattr(fusion_nb.reproduce.runner, 'code_fingerprint', lambda nb: {'fusion_nb/x.py': 'other code'})
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # the sources they run changed
-    (project/'outputs'/'demo'/'01_flaky'/'table.md').unlink(); (project/'outputs'/'demo'/'01_flaky'/'inputs.json').unlink()
+    (project/'outputs'/'demo'/'01_flaky'/'table.md').unlink()
     assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'ok'}  # outputs gone: rerun
 
 def test_failure_is_isolated_and_keeps_previous_outputs(project):
@@ -274,7 +276,7 @@ def test_a_file_the_runner_did_not_write_is_never_deleted(project):
 def test_local_data_counts_by_content(project):
     "Same size, mtime put back; two experts swapped; a deleted file: each changes the inputs."
     for t in 'ab':
-        d = project/'models'/f'none_{t}'; d.mkdir(parents=True)
+        d = project/'models'/f'none_{t}'; d.mkdir(parents=True, exist_ok=True)
         (d/'model.safetensors').write_bytes(t.encode() * 64)
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
     w = project/'models'/'none_a'/'model.safetensors'; st = w.stat()

@@ -150,8 +150,8 @@ def check_keys(name:str, raw:dict, path:Path, root:Path)->None:
 # %% ../../nbs/reproduce/90_profiles.ipynb #594e0472
 # budget key → (type, allowed interval): those of the method hyperparameters each key sets (MergeMethod.budgets)
 BUDGET_RANGES = {**dict.fromkeys(('fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_batch_size', 'neulig_batch_size'), (int, '[1, inf)')),
-                 **dict.fromkeys(('adamerging_steps', 'concrete_ta_steps', 'concrete_lw_steps', 'wemoe_steps', 'neulig_steps'), (int, '[0, inf)')),
-                 **dict.fromkeys(('adamerging_lr', 'concrete_lr', 'wemoe_lr', 'neulig_lr'), (float, '(0, inf)'))}
+                 **dict.fromkeys(('adamerging_steps', 'concrete_ta_steps', 'concrete_lw_steps', 'wemoe_steps', 'neulig_steps', 'wudi_steps'), (int, '[0, inf)')),
+                 **dict.fromkeys(('adamerging_lr', 'concrete_lr', 'wemoe_lr', 'neulig_lr', 'wudi_lr'), (float, '(0, inf)'))}
 
 def check_budgets(name:str, raw:dict, path:Path)->None:
     "Fail on a budget key of profile `name` whose value is not a number of its type in its interval, naming file, profile and key."
@@ -327,9 +327,11 @@ def experiment_sources(profile:Profile, # a loaded profile
     return out
 
 def profile_sources(profile:Profile)->list[Source]:
-    "Every model, dataset and file the experiments of `profile` read, each once, in experiment order (no experiments found: its own)."
+    "Every model, dataset and file the experiments of `profile` read, each once, in experiment order (no `experiments` key: its own)."
     from fusion_nb.reproduce.runner import profile_experiments
-    try: names = profile_experiments(profile)
+    # without an `experiments` key a profile (tiny, a user's own) names its pretrained model, experts and tasks: those are
+    # checked, not what every notebook of nbs/experiments would read for it (experiment 10's seven tasks, say)
+    try: names = profile_experiments(profile) if profile.experiments else []
     except FusionError: names = []
     out = {}
     for s in [s for n in (names or ['00']) for s in experiment_sources(profile, n)]: out.setdefault((s.kind, s.value), s)
