@@ -157,6 +157,8 @@ def imagenet_mirror(tmp_path_factory):
         + ''.join(f'{k} = {v}\n' for k, v in SHIFT_BUDGET.items()))
     return root
 
+@pytest.mark.skip(reason='not yet run: experiment 30 end to end on the mirror never got the heavy lock before the deadline (issue 27); '
+                         'test_paper_003_sets_on_the_mirror_are_read_and_scored covers its reading path')
 def test_paper_003_profile_on_the_mirror(imagenet_mirror):
     "Experiment 30 of a renamed clip-vit-b32-imagenet on the mirror: every set read as published, scored, compared with paper 003."
     t0 = time.time()
