@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from .registry import Hyper, MergeMethod, declare
+from .tsv_iso import svd
 
 # %% auto #0
 __all__ = ['cart', 'low_rank', 'cart_matrix']
@@ -20,7 +21,7 @@ def low_rank(x:Tensor, # (m, n) matrix
              k:int, # rank to keep
             )->Tensor:
     "The best rank-k approximation of `x` in Frobenius norm (Eckart–Young): its top-k singular triplets."
-    u, s, vh = torch.linalg.svd(x, full_matrices=False)
+    u, s, vh = svd(x)
     return u[:, :k] @ torch.diag(s[:k]) @ vh[:k]
 
 def cart_matrix(ws:list[Tensor], # the experts' weights of one layer, each (m, n)

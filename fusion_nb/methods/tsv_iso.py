@@ -12,14 +12,19 @@ from torch import Tensor
 from .registry import Hyper, MergeMethod, declare
 
 # %% auto #0
-__all__ = ['tsv_merging', 'iso_c', 'iso_cts', 'procrustes', 'is_matrix', 'tsv_matrix', 'per_matrix_rule', 'iso_c_matrix',
+__all__ = ['tsv_merging', 'iso_c', 'iso_cts', 'svd', 'procrustes', 'is_matrix', 'tsv_matrix', 'per_matrix_rule', 'iso_c_matrix',
            'iso_cts_split', 'iso_cts_matrix']
 
-# %% ../../nbs/methods/50_tsv_iso.ipynb #87edc4e5
+# %% ../../nbs/methods/50_tsv_iso.ipynb #52020ebf
+def svd(x:Tensor)->tuple[Tensor, Tensor, Tensor]:
+    "Thin SVD; if LAPACK fails to converge (ill-conditioned input, seen on Iso-CTS's projected matrices at B/32), again in float64."
+    try: return torch.linalg.svd(x, full_matrices=False)
+    except torch.linalg.LinAlgError: return tuple(f.to(x.dtype) for f in torch.linalg.svd(x.double(), full_matrices=False))
+
 def procrustes(x:Tensor, # (m, k) matrix
               )->Tensor:
     "The closest matrix with orthonormal columns (rows, if k > m) to `x`: P Rᵀ for x = P S Rᵀ."
-    p, _, rh = torch.linalg.svd(x, full_matrices=False)
+    p, _, rh = svd(x)
     return p @ rh
 
 def is_matrix(t:Tensor)->bool:
@@ -33,7 +38,7 @@ def tsv_matrix(taus:list[Tensor], # the T task matrices Δᵢ of one layer, each
     "TSV-M for one layer: each task's top-k singular triplets, bases decorrelated by Procrustes, U⊥ Σ V⊥ᵀ."
     r = min(taus[0].shape)
     k = max(1, int(r * (fraction if fraction is not None else 1 / len(taus))))
-    us, ss, vhs = zip(*(torch.linalg.svd(t, full_matrices=False) for t in taus))
+    us, ss, vhs = zip(*(svd(t) for t in taus))
     u = torch.cat([x[:, :k] for x in us], 1)
     s = torch.cat([x[:k] for x in ss])
     vh = torch.cat([x[:k] for x in vhs], 0)
@@ -65,7 +70,7 @@ tsv_merging = declare(MergeMethod(
 def iso_c_matrix(taus:list[Tensor], # the T task matrices of one layer
                 )->Tensor:
     "Iso-C for one layer: the sum Σᵢ Δᵢ = U Σ Vᵀ with its spectrum replaced by its mean, σ̄ U Vᵀ."
-    u, s, vh = torch.linalg.svd(sum(taus), full_matrices=False)
+    u, s, vh = svd(sum(taus))
     return s.mean() * (u @ vh)
 
 # %% ../../nbs/methods/50_tsv_iso.ipynb #e1fb6ffa
@@ -91,10 +96,10 @@ def iso_cts_matrix(taus:list[Tensor], # the T task matrices of one layer
                   )->Tensor:
     "Iso-CTS for one layer: the sum's top-k_c directions plus each task's top-s directions outside them, isotropic."
     k_c, s = iso_cts_split(min(taus[0].shape), len(taus), common_fraction)
-    u, sv, vh = torch.linalg.svd(sum(taus), full_matrices=False)
+    u, sv, vh = svd(sum(taus))
     U, S, Vh = [u[:, :k_c]], [sv[:k_c]], [vh[:k_c]]
     for t in taus if s > 0 else []:
-        ui, si, vhi = torch.linalg.svd(t - U[0] @ (U[0].T @ t), full_matrices=False)
+        ui, si, vhi = svd(t - U[0] @ (U[0].T @ t))
         U.append(ui[:, :s]); S.append(si[:s]); Vh.append(vhi[:s])
     U, S, Vh = torch.cat(U, 1), torch.cat(S), torch.cat(Vh, 0)
     return S.mean() * (procrustes(U) @ procrustes(Vh.T).T)
