@@ -275,6 +275,6 @@ def test_user_files_kept_overflow_and_interrupt_write_nothing(tmp_path, monkeypa
     _nothing_written(tmp_path/'out')
 
 def test_cli_bad_config_rc2(tmp_path, capsys):
-    (tmp_path/'c.yaml').write_text(yaml.safe_dump(dict(merge_method='karcher', models=['./x'])))
+    (tmp_path/'c.yaml').write_text(yaml.safe_dump(dict(merge_method='arcee_fusion', models=['./x'])))
     assert main(['merge', str(tmp_path/'c.yaml'), '-o', str(tmp_path/'out')]) == 2
-    assert "'karcher' is mergekit's, and this project lacks it" in capsys.readouterr().err
+    assert "'arcee_fusion' is mergekit's, and this project lacks it" in capsys.readouterr().err
