@@ -275,6 +275,32 @@ def test_user_files_kept_overflow_and_interrupt_write_nothing(tmp_path, monkeypa
     _nothing_written(tmp_path/'out')
 
 def test_cli_bad_config_rc2(tmp_path, capsys):
-    (tmp_path/'c.yaml').write_text(yaml.safe_dump(dict(merge_method='karcher', models=['./x'])))
+    (tmp_path/'c.yaml').write_text(yaml.safe_dump(dict(merge_method='arcee_fusion', models=['./x'])))
     assert main(['merge', str(tmp_path/'c.yaml'), '-o', str(tmp_path/'out')]) == 2
-    assert "'karcher' is mergekit's, and this project lacks it" in capsys.readouterr().err
+    assert "'arcee_fusion' is mergekit's, and this project lacks it" in capsys.readouterr().err
+
+# mergekit names newly run from a mergekit config: (global parameters, per-model parameters, t → the registered method's
+# hyperparameters at layer position t). Each has a gradient or a per-model value so that per-tensor resolution is exercised.
+NEW = {'breadcrumbs': ({'gamma': 0.05, 'lambda': 0.9}, [dict(weight=1.0, density=[0.5, 0.9]), dict(weight=0.5, density=0.7)],
+                       lambda t: dict(weight=[1.0, 0.5], density=[0.5 + 0.4 * t, 0.7], gamma=0.05, scaling_factor=0.9)),
+       'della_linear': ({'epsilon': 0.1}, [dict(weight=[0.2, 1.0], density=0.6), dict(weight=0.5, density=0.6)],
+                        lambda t: dict(weight=[0.2 + 0.8 * t, 0.5], density=0.6, epsilon=0.1, seed=0)),
+       'sce': ({'select_topk': [0.5, 1.0]}, [{}, {}], lambda t: dict(select_topk=0.5 + 0.5 * t)),
+       'nuslerp': ({}, [dict(weight=[1.0, 0.0]), dict(weight=1.0)], lambda t: dict(weight=[1.0 - t, 1.0])),
+       'multislerp': ({}, [dict(weight=1.0), dict(weight=[0.5, 2.0])], lambda t: dict(weight=[1.0, 0.5 + 1.5 * t])),
+       'karcher': ({'max_iter': 5}, [{}, {}], lambda t: dict(max_iter=5))}
+
+@pytest.mark.parametrize('name', list(NEW))
+def test_new_mergekit_names_run_the_registered_method(tmp_path, name):
+    "A mergekit config with `merge_method: name` gives, tensor by tensor, the registered method run on the state dicts with that tensor's values."
+    from fusion_nb.merge import MERGE_METHODS
+    glob, per, hp = NEW[name]
+    (b, e1, e2), (B, E1, E2) = _zoo(tmp_path, _llama, shard='5GB')
+    cfg = dict(merge_method=name, models=[dict(model=str(e), parameters=p) for e, p in zip((e1, e2), per)], parameters=glob)
+    if name != 'karcher': cfg['base_model'] = str(b)
+    got, t = load_file(run_merge(cfg, tmp_path/'out', progress=False)/'model.safetensors'), _t(B)
+    floats = [k for k in B if B[k].is_floating_point()]
+    for tv in sorted({t[k] for k in floats}):
+        want = MERGE_METHODS[name](None if name == 'karcher' else B, {'e1': E1, 'e2': E2}, **hp(tv), progress=False)
+        for k in floats:
+            if t[k] == tv: _close(got[k], want[k])

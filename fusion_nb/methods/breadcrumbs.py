@@ -68,14 +68,15 @@ def magnitude_outliers(tau:Tensor, # a task-vector tensor
 def gta_rule(sparsify:Callable|None, # (name, key, τ, hp) → sparsified τ; None: keep τ
              consensus:bool, # mergekit's sign consensus (the `_ties` variants)
             )->Callable:
-    "A per-tensor rule θ₀ + gta_mix(sparsified δᵢ, wᵢ) for `MergeMethod(rule=...)`."
+    "A per-tensor rule θ₀ + λ·gta_mix(sparsified δᵢ, wᵢ) for `MergeMethod(rule=...)` (density per expert, as mergekit allows)."
     def rule(pretrained, experts, hp, info, runtime):
         w = expert_weights(hp['weight'], list(experts), 1.0, name='weight')
+        dens = expert_weights(hp['density'], list(experts), 1.0, name='density')
         def merge_tensor(key, pre, ts):
             deltas = [t - pre for t in ts.values()]
-            if sparsify is not None: deltas = [sparsify(n, key, d, hp) for n, d in zip(ts, deltas)]
+            if sparsify is not None: deltas = [sparsify(n, key, d, {**hp, 'density': dens[n]}) for n, d in zip(ts, deltas)]
             weights = torch.tensor([w[n] for n in ts], dtype=pre.dtype, device=pre.device)
-            return pre + gta_mix(torch.stack(deltas), weights, consensus, hp['normalize'])
+            return pre + hp.get('scaling_factor', 1.0) * gta_mix(torch.stack(deltas), weights, consensus, hp['normalize'])
         return merge_tensor
     return rule
 
@@ -83,8 +84,9 @@ def gta_hypers(normalize:bool, rescale:bool, rescale_doc:str)->dict:
     "The hyperparameters every generalized-task-arithmetic method has, with mergekit's defaults for this method."
     return {'weight': Hyper(1.0, 'wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off',
                             "mergekit: `weight` is required per model; 1.0 adds each task vector whole", float, per_expert=True),
-            'density': Hyper(1.0, 'fraction of each task vector kept', "mergekit's tensor parameter default (1.0: nothing dropped)",
-                             float, interval='(0, 1]'),
+            'density': Hyper(1.0, 'fraction of each task vector kept, or one per expert', "mergekit's tensor parameter default (1.0: nothing dropped)",
+                             float, interval='(0, 1]', per_expert=True),
+            'scaling_factor': Hyper(1.0, 'λ, multiplying the mixed task vector', "mergekit's generalized task arithmetic `lambda`", float),
             'normalize': Hyper(normalize, 'divide by the sum of the (agreeing) weights', "mergekit's registry for this method", bool),
             'rescale': Hyper(rescale, rescale_doc, "mergekit's registry for this method", bool)}
 

@@ -21,29 +21,27 @@ from ..checkpoints import LazyStateDict, resolve_model_dir
 from .export import honour_umask
 from ..methods.registry import MergeMethod, all_finite, merge_streaming, tensor_generator
 from ..merge import MERGE_METHODS
+from ..methods.breadcrumbs import gta_rule, magnitude_outliers
+from ..methods.dare import dare_drop
 import fusion_nb
 
 # %% auto #0
-__all__ = ['MERGEKIT_METHODS', 'GTA', 'MERGEKIT_LACKS', 'MERGEKIT_KEYS', 'HF_OUTPUT_DEFAULTS', 'layer_positions', 'setting_value',
-           'sparsify', 'gta_rule', 'AlignedModel', 'align_models', 'write_merged', 'HFMergePlan',
+__all__ = ['MERGEKIT_METHODS', 'GTA_DEFAULTS', 'MERGEKIT_LACKS', 'MERGEKIT_KEYS', 'MERGEKIT_RULES', 'HF_OUTPUT_DEFAULTS',
+           'layer_positions', 'setting_value', 'AlignedModel', 'align_models', 'write_merged', 'HFMergePlan',
            'load_mergekit_config', 'hf_dtype', 'hf_device', 'hf_output', 'copy_model_files', 'open_models',
            'check_values', 'run_hf_merge', 'hf_model_card']
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #734615cf
-MERGEKIT_METHODS = {'linear': 'weighted_average', 'task_arithmetic': 'task_arithmetic', 'slerp': 'slerp',
-                    'model_stock': 'model_stock', 'ties': 'ties', 'dare_ties': 'dare_ties', 'dare_linear': 'dare_task_arithmetic'}
-GTA = {'ties': dict(sparsify='magnitude', consensus='sum', normalize=True, rescale=False),   # mergekit's defaults
-       'dare_ties': dict(sparsify='random', consensus='sum', normalize=False, rescale=True),
-       'dare_linear': dict(sparsify='random', consensus=None, normalize=False, rescale=True),
-       'task_arithmetic': dict(sparsify=None, consensus=None, normalize=False, rescale=False)}
+MERGEKIT_METHODS = {n: n for n in ('linear', 'task_arithmetic', 'slerp', 'model_stock', 'ties', 'dare_ties', 'dare_linear', 'della_linear',
+                                   'breadcrumbs', 'breadcrumbs_ties', 'sce', 'nuslerp', 'multislerp', 'karcher')}
+GTA_DEFAULTS = {'ties': (True, False), 'dare_ties': (False, True), 'dare_linear': (False, True), 'della_linear': (False, True),
+                'breadcrumbs': (False, False), 'breadcrumbs_ties': (False, False), 'task_arithmetic': (False, False)}  # mergekit's (normalize, rescale)
 MERGEKIT_LACKS = {'passthrough': 'it stacks layers (frankenmerges) rather than merging tensors',
                   'della': "this project's della follows the DELLA paper's code, not mergekit's per-tensor magprune; use "
-                           "`method: della` in this project's schema", 'della_linear': 'not implemented here',
-                  'breadcrumbs': 'not implemented here', 'breadcrumbs_ties': 'not implemented here', 'sce': 'not implemented here',
-                  'nuslerp': 'not implemented here', 'multislerp': 'not implemented here', 'karcher': 'not implemented here',
-                  'arcee_fusion': 'not implemented here', 'nearswap': 'not implemented here'}
+                           "`method: della` in this project's schema", 'arcee_fusion': 'not implemented here', 'nearswap': 'not implemented here'}
 MERGEKIT_KEYS = ('merge_method', 'base_model', 'models', 'parameters', 'dtype', 'out_dtype', 'tokenizer_source', 'name',
                  'device', 'output', 'seed')   # the last three are this project's
+
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #6cd7c429
 _LAYER = re.compile(r'^(.*?\.)(\d+)\.')
@@ -76,50 +74,12 @@ def setting_value(setting, # a mergekit parameter value: number, list of numbers
                       "over the layers, or a list of {filter: ..., value: ...})")
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #a89cf78e
-def _l1_rescaled(tau:Tensor, kept:Tensor)->Tensor:
-    before, after = tau.abs().sum(), kept.abs().sum()
-    return kept if before < 1e-7 or after < 1e-7 else kept * (before / after)
+def _mk_magnitude(name, key, tau, hp): return magnitude_outliers(tau, hp['density'], 0.0, hp['rescale'])
+def _mk_random(name, key, tau, hp):
+    if hp['density'] >= 1: return tau
+    return dare_drop(tau, 1 - hp['density'], tensor_generator(hp['seed'], 'mergekit', name, key), hp['rescale'])
+MERGEKIT_RULES = {'ties': gta_rule(_mk_magnitude, consensus=True), 'dare_ties': gta_rule(_mk_random, consensus=True)}
 
-def sparsify(tau:Tensor, # a task-vector tensor
-             density:float, # fraction kept, in (0, 1]
-             how:str, # 'magnitude' (largest |τ|) or 'random' (Bernoulli(density))
-             rescale:bool, # rescale what is kept to τ's L1 norm
-             generator:torch.Generator|None=None, # for 'random': the CPU generator of the mask
-            )->Tensor:
-    "τ with all but a `density` fraction of its entries zeroed (mergekit's magnitude / random sparsification)."
-    if density >= 1: return tau
-    if how == 'magnitude':
-        k = int(density * tau.numel())
-        if k < 1: raise HyperparameterError(f"density {density} keeps no entry of a tensor of {tau.numel()} entries")
-        mask = torch.zeros(tau.numel(), dtype=torch.bool, device=tau.device)
-        mask[tau.abs().flatten().topk(k).indices] = True
-        kept = tau * mask.view(tau.shape)
-    else: kept = tau * (torch.rand(tau.shape, generator=generator) < density).to(tau.device)
-    return _l1_rescaled(tau, kept) if rescale else kept
-
-# %% ../../nbs/reproduce/95_hf_merge.ipynb #ec9e6659
-def gta_rule(pretrained, experts, hp, info, runtime):
-    "mergekit's generalised task arithmetic per tensor: sparsify, weight, sign consensus, sum, normalise, λ (see above)."
-    names, w, dens = list(experts), hp['weight'], hp['density']
-    def merge_tensor(key, pre, ts):
-        deltas = []
-        for i, n in enumerate(names):
-            tau = ts[n] - pre
-            if hp['sparsify'] and dens[i] < 1:
-                tau = sparsify(tau, dens[i], hp['sparsify'], hp['rescale'], tensor_generator(hp['seed'], 'mergekit', n, key))
-            deltas.append(tau * w[i])
-        wd = torch.stack(deltas); del deltas
-        ws = torch.tensor(w, dtype=wd.dtype, device=wd.device).view(-1, *[1] * pre.dim())
-        if hp['consensus']:
-            mask = wd.sign() == torch.where(wd.sum(0) >= 0, 1.0, -1.0).to(wd.dtype)
-            mixed, div = (wd * mask).sum(0), (ws * mask).sum(0)
-            div[div == 0] = 1
-        else:
-            mixed, div = wd.sum(0), ws.sum()
-            if div.abs() < 1e-8: div = torch.ones_like(div)
-        if hp['normalize']: mixed = mixed / div
-        return pre + hp['lambda'] * mixed
-    return merge_tensor
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #dc3d15df
 _EMBED_TAILS = ('embed_tokens.weight', 'wte.weight', 'word_embeddings.weight', 'shared.weight', 'token_embedding.weight')
@@ -266,25 +226,42 @@ def _checked_values(method:str, glob:dict, params:dict, seed:int, where:str)->Ca
     def g(p, key, t, default):
         v = setting_value(glob.get(p), key, t, f"{where}parameters.{p}")
         return default if v is None else v
+    def one(p, key, t, default):   # a value the registered method takes once: per-model settings must agree
+        vs = set(per_model(p, key, t, default))
+        if len(vs) > 1: raise FusionError(f"{where}models give different {p!r} for tensor {key!r}; mergekit's {method} here takes one")
+        return vs.pop()
     def values(key, t):
-        if method == 'linear': return dict(weights=per_model('weight', key, t, required=True), normalize=bool(g('normalize', key, t, True)))
+        W = lambda: per_model('weight', key, t, required=True)
+        if method == 'linear': return dict(weights=W(), normalize=bool(g('normalize', key, t, True)))
         if method == 'slerp':
             v = setting_value(glob.get('t'), key, t, f"{where}parameters.t")
             if v is None: raise FusionError(f"{where}parameters.t: slerp needs t for tensor {key!r}")
             return dict(t=float(v))
         if method == 'model_stock': return {}
-        d = {**GTA[method], 'seed': seed, 'weight': per_model('weight', key, t, required=True),
-             'density': per_model('density', key, t, 1.0), 'lambda': float(g('lambda', key, t, 1.0))}
-        d['normalize'], d['rescale'] = bool(g('normalize', key, t, d['normalize'])), bool(g('rescale', key, t, d['rescale']))
+        if method == 'sce': return dict(select_topk=float(g('select_topk', key, t, 1.0)))
+        if method == 'karcher': return dict(max_iter=int(g('max_iter', key, t, 10)), tol=float(g('tol', key, t, 1e-5)))
+        if method == 'multislerp': return dict(weight=W(), normalize_weights=bool(g('normalize_weights', key, t, True)), eps=float(g('eps', key, t, 1e-8)))
+        if method == 'nuslerp': return dict(weight=W(), flatten=bool(g('nuslerp_flatten', key, t, True)), row_wise=bool(g('nuslerp_row_wise', key, t, False)))
+        norm, resc = GTA_DEFAULTS[method]
+        d = {'weight': W(), 'density': per_model('density', key, t, 1.0), 'scaling_factor': float(g('lambda', key, t, 1.0)),
+             'normalize': bool(g('normalize', key, t, norm)), 'rescale': bool(g('rescale', key, t, resc))}
         if method == 'task_arithmetic':   # task arithmetic's own rule: θ₀ + Σ λ·wᵢ/(Σw) τᵢ
             s = sum(d['weight']); s = s if d['normalize'] and abs(s) >= 1e-8 else 1.0
-            return dict(scaling_factor=[d['lambda'] * w / s for w in d['weight']])
+            return dict(scaling_factor=[d['scaling_factor'] * w / s for w in d['weight']])
+        if method in ('dare_ties', 'dare_linear', 'della_linear'): d['seed'] = seed
+        if method.startswith('breadcrumbs'): d['gamma'] = one('gamma', key, t, 0.01)
+        if method == 'della_linear': d['epsilon'] = one('epsilon', key, t, 0.15)
         return d
     return values
 
+
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #8fd6fb60
-_KNOWN = {'linear': {'weight', 'normalize'}, 'slerp': {'t'}, 'model_stock': {'filter_wise'},
-          **{k: {'weight', 'density', 'lambda', 'normalize', 'rescale', 'int8_mask'} for k in GTA}}
+_GTA_KEYS = {'weight', 'density', 'lambda', 'normalize', 'rescale', 'int8_mask'}
+_KNOWN = {'linear': {'weight', 'normalize'}, 'slerp': {'t'}, 'model_stock': {'filter_wise'}, **{k: _GTA_KEYS for k in GTA_DEFAULTS},
+          'breadcrumbs': _GTA_KEYS | {'gamma'}, 'breadcrumbs_ties': _GTA_KEYS | {'gamma'}, 'della_linear': _GTA_KEYS | {'epsilon'},
+          'sce': {'select_topk'}, 'karcher': {'max_iter', 'tol'}, 'multislerp': {'weight', 'normalize_weights', 'eps'},
+          'nuslerp': {'weight', 'nuslerp_flatten', 'nuslerp_row_wise'}}
+_NO_BASE = ('linear', 'karcher', 'multislerp', 'nuslerp')   # mergekit methods that run without a base_model
 
 def _mergekit_method(raw:Mapping, w:str)->tuple[str, MergeMethod]:
     name = raw.get('merge_method')
@@ -310,8 +287,8 @@ def load_mergekit_config(raw:Mapping, # a mergekit config, parsed
     name, m = _mergekit_method(raw, w)
     _check_keys(raw, dict.fromkeys(MERGEKIT_KEYS + ('slices', 'modules')), w)
     base = model_source(raw['base_model'], f"{w}base_model") if raw.get('base_model') else None
-    if base is None and name != 'linear': raise FusionError(f"{w}base_model: mergekit's {name} needs a base_model")
-    sources, params = _model_params(raw.get('models'), base if name != 'linear' else None, w)
+    if base is None and name not in _NO_BASE: raise FusionError(f"{w}base_model: mergekit's {name} needs a base_model")
+    sources, params = _model_params(raw.get('models'), base if name not in ('linear', 'karcher') else None, w)
     glob = dict(raw.get('parameters') or {})
     for where, ps in [('parameters', glob), *((f"{n}.parameters", p) for n, p in params.items())]:
         bad = set(ps) - _KNOWN[name]
@@ -331,9 +308,9 @@ def load_mergekit_config(raw:Mapping, # a mergekit config, parsed
     seed = raw.get('seed', 0)
     if not isinstance(seed, int) or isinstance(seed, bool): raise FusionError(f"{w}seed: expected a whole number, got {seed!r}")
     values = _checked_values(name, glob, params, seed, w)
-    make_rule = gta_rule if name in GTA and name != 'task_arithmetic' else None
+    make_rule = MERGEKIT_RULES.get(name)
     if name == 'slerp': sources = {Path(base).name if Path(base).exists() else base: base, **sources}
-    plan = HFMergePlan(m, None if name in ('linear', 'slerp') else base, sources, values, make_rule, hf_dtype(raw, w),
+    plan = HFMergePlan(m, None if name in ('linear', 'slerp', 'karcher') else base, sources, values, make_rule, hf_dtype(raw, w),
                        ts, hf_device(raw, w), hf_output(raw, w), raw, name)
     return plan
 
