@@ -249,12 +249,10 @@ def test_paper_003_profiles_parse_and_fail_at_once_offline(tmp_path, name, model
     # at once: no experiment started, nothing written (a time limit would be a timed test, and flaky under load)
     assert 'running' not in r.stdout and sorted((Path(__file__).parents[1]/'outputs'/name).rglob('*')) == before
 
-def test_openai_clip_converter_as_exported():
-    "The exported converter (not the notebook's namespace): a random OpenAI-layout ViT, its image embedding through nn.MultiheadAttention blocks."
+def random_openai_clip(w=32, p=4, grid=2, e=16):
+    "A random OpenAI-layout CLIP state dict (one block per tower), its generator and sizes: the converter tests' input."
     import math
-    from fusion_nb.masking.openai_clip import openai_clip_model
     g = torch.Generator().manual_seed(0); r = lambda *s: 0.2 * torch.randn(*s, generator=g)
-    w, p, grid, e = 32, 4, 2, 16
     sd = {'visual.conv1.weight': r(w, 3, p, p), 'visual.class_embedding': r(w), 'visual.positional_embedding': r(grid * grid + 1, w), 'visual.proj': r(w, e),
           'token_embedding.weight': r(20, w), 'positional_embedding': r(5, w), 'text_projection': r(w, e), 'logit_scale': torch.tensor(math.log(50.))}
     for n in ('visual.ln_pre', 'visual.ln_post', 'ln_final'): sd[f'{n}.weight'], sd[f'{n}.bias'] = 1 + r(w), r(w)
@@ -263,6 +261,13 @@ def test_openai_clip_converter_as_exported():
                    root + 'attn.out_proj.bias': r(w), root + 'ln_1.weight': 1 + r(w), root + 'ln_1.bias': r(w), root + 'ln_2.weight': 1 + r(w),
                    root + 'ln_2.bias': r(w), root + 'mlp.c_fc.weight': r(4 * w, w), root + 'mlp.c_fc.bias': r(4 * w),
                    root + 'mlp.c_proj.weight': r(w, 4 * w), root + 'mlp.c_proj.bias': r(w)})
+    return sd, g, r, (w, p, grid, e)
+
+def test_openai_clip_converter_as_exported():
+    "The exported converter (not the notebook's namespace): a random OpenAI-layout ViT, its image embedding through nn.MultiheadAttention blocks."
+    import math
+    from fusion_nb.masking.openai_clip import openai_clip_model
+    sd, g, r, (w, p, grid, e) = random_openai_clip()
     model = openai_clip_model(sd, vision_heads=4, text_heads=4)
     x = torch.randn(2, 3, grid * p, grid * p, generator=g)
     mha = torch.nn.MultiheadAttention(w, 4, batch_first=True)
@@ -321,16 +326,7 @@ def test_official_model_soups_layout(tmp_path):
     "Issue 24.7: the official checkpoints (model. prefix, text transformer deleted, classification_head.*) are read and score with their own head."
     import math
     from fusion_nb.masking.openai_clip import official_soup_classifier, official_uniform_soup, openai_clip_model
-    g = torch.Generator().manual_seed(0); r = lambda *s: 0.2 * torch.randn(*s, generator=g)
-    w, p, grid, e = 32, 4, 2, 16
-    sd = {'visual.conv1.weight': r(w, 3, p, p), 'visual.class_embedding': r(w), 'visual.positional_embedding': r(grid * grid + 1, w), 'visual.proj': r(w, e),
-          'token_embedding.weight': r(20, w), 'positional_embedding': r(5, w), 'text_projection': r(w, e), 'logit_scale': torch.tensor(math.log(50.))}
-    for n in ('visual.ln_pre', 'visual.ln_post', 'ln_final'): sd[f'{n}.weight'], sd[f'{n}.bias'] = 1 + r(w), r(w)
-    for root in ('visual.transformer.resblocks.0.', 'transformer.resblocks.0.'):
-        sd.update({root + 'attn.in_proj_weight': r(3 * w, w), root + 'attn.in_proj_bias': r(3 * w), root + 'attn.out_proj.weight': r(w, w),
-                   root + 'attn.out_proj.bias': r(w), root + 'ln_1.weight': 1 + r(w), root + 'ln_1.bias': r(w), root + 'ln_2.weight': 1 + r(w),
-                   root + 'ln_2.bias': r(w), root + 'mlp.c_fc.weight': r(4 * w, w), root + 'mlp.c_fc.bias': r(4 * w),
-                   root + 'mlp.c_proj.weight': r(w, 4 * w), root + 'mlp.c_proj.bias': r(w)})
+    sd, g, r, (w, p, grid, e) = random_openai_clip()
     head_w, head_b = r(7, e), r(7)
     official = {**{'model.' + k: v for k, v in sd.items() if not k.startswith('transformer.')},
                 'classification_head.weight': head_w, 'classification_head.bias': head_b}
