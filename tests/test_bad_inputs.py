@@ -217,12 +217,31 @@ def test_cli_bad_input(case, settings, args, status, parts, tmp_path):
     assert 'Traceback' not in r.stderr and r.stderr.startswith('fusion-nb: error: '), r.stderr
     for p in parts: assert p in r.stderr, r.stderr
 
+# --- issue 26, the items tested where their code lives ---------------------------------------------------------------
+# (item, file, the test there, a fragment of the error or check it asserts). The test below keeps this list true: each
+# named test exists and still asserts that fragment. Items 2, 6, 7, 11, 12, 13 and 15 are rows or tests of this file.
+ELSEWHERE_26 = [
+    ('1: merge_llava into a folder with a user\'s notes.txt and sub/', 'nbs/llava/62_uq_merge.ipynb', 'issue 26.1', 'holds notes.txt, sub'),
+    ('3: uq_merge\'s out_dir/merged/ holding a user\'s file', 'tests/test_llava.py',
+     'test_uq_merge_never_deletes_a_users_files_in_out_dir_merged', 'merged/notes.txt, which uq_merge did not write'),
+    ('4: float16 export past 65504 (inf after the cast)', 'tests/test_export.py', 'test_float16_overflow_is_refused_after_the_cast',
+     "holds \\d+ NaN/Inf value\\(s\\) in torch.float16"),
+    ('5: attack step_size < 0, topk outside (0, 1]', 'tests/test_attacks.py', 'issue 26 item 5', 'topk=0 is out of range'),
+    ('8: scaling_factor 1e39 overflows float32', 'tests/test_merge_cli.py', 'issue 26.8', 'merges compute in float32'),
+    ('9: --backend ray --address 127.0.0.1:1 hung', 'tests/test_ray.py', 'test_an_unreachable_address_fails_in_time_naming_it',
+     'cannot reach the Ray cluster at'),
+    ('10: n_train % batch_size == 1 in counterfactual fine-tuning', 'tests/test_masking.py', 'test_one_image_last_batch_fine_tunes',
+     'the one-image step: no counterfactual term'),
+    ('13: method: neulig in a merge config trained, then failed', 'tests/test_merge_cli.py', 'issue 26.13', 'neulig cannot be merged into one model'),
+    ('14: model.safetensors mode 0600', 'tests/test_export.py', 'test_saved_files_honour_the_umask', 'oct(0o644)'),
+]
+
+@pytest.mark.parametrize('item, path, test, fragment', ELSEWHERE_26, ids=[i[0][:40] for i in ELSEWHERE_26])
+def test_issue_26_items_tested_elsewhere(item, path, test, fragment):
+    text = (Path(__file__).parents[1]/path).read_text()
+    assert test in text and fragment in text, (item, path)
+
 # --- issue 26 on the command line (items 2, 7, 12, 13: i26) ----------------------------------------------------------
-# The other items of issue 26 are tested where their code lives: 1, 4, 8, 13 (neulig export before training), 14 (i29):
-# tests/test_export.py, tests/test_merge_cli.py, tests/test_hf_merge.py; 3 (uq_merge's out_dir/merged): tests/test_llava*.py;
-# 5 (attack step_size/topk), 10 (counterfactual fine-tuning's last batch of 1): tests/test_attacks.py, tests/test_masking.py.
-# Item 9 (ray --address 127.0.0.1:1: "cannot reach the Ray cluster at '127.0.0.1:1' within 10 s", rc 2) is in tests/test_ray.py,
-# item 15 (a table cell that does not apply prints '–', the .csv keeps NaN) below and in nbs/reproduce/91_reports.ipynb.
 
 def _users_notes(root):
     (root/'outputs'/'demo'/'00_a').mkdir(parents=True); (root/'outputs'/'demo'/'00_a'/'my_notes.md').write_text('mine')
