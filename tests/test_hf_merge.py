@@ -194,18 +194,19 @@ def test_clip_slerp_and_model_stock_llama(tmp_path):
         c = float(t1 @ t2 / (t1.norm() * t2.norm())); r = 2 * c / (1 + c)
         _close(sd[k], r * (E1[k] + E2[k]) / 2 + (1 - r) * B[k])
 
-def test_dare_ties_reproducible(tmp_path):
-    "dare_ties: the same seed gives the same merge, another seed another; density 1 is TIES without trimming."
+@pytest.mark.parametrize('method, normalize', [('dare_ties', False), ('della', True)])
+def test_random_ties_reproducible(tmp_path, method, normalize):
+    "dare_ties, della: the same seed gives the same merge, another seed another; density 1 is TIES without trimming (della normalises)."
     (b, e1, e2), (B, E1, E2) = _zoo(tmp_path, _llama, shard='5GB')
     def run(out, seed, density):
-        return load_file(run_merge(dict(merge_method='dare_ties', base_model=str(b), seed=seed,
+        return load_file(run_merge(dict(merge_method=method, base_model=str(b), seed=seed,
                                         models=[dict(model=str(e), parameters=dict(weight=1.0, density=density)) for e in (e1, e2)]),
                                    tmp_path/out, progress=False)/'model.safetensors')
     a, a2, c = run('a', 0, 0.5), run('a2', 0, 0.5), run('c', 1, 0.5)
     k = 'model.layers.0.mlp.up_proj.weight'
     assert torch.equal(a[k], a2[k]) and not torch.equal(a[k], c[k])
     full = run('full', 0, 1.0)
-    _close(full[k], _naive_ties(B[k], [E1[k] - B[k], E2[k] - B[k]], [1.0, 1.0], [1, 1], normalize=False))
+    _close(full[k], _naive_ties(B[k], [E1[k] - B[k], E2[k] - B[k]], [1.0, 1.0], [1, 1], normalize=normalize))
 
 def _nothing_written(out:Path):
     assert not out.exists() and not [p for p in out.parent.iterdir() if p.name.startswith(f'.{out.name}.')]
@@ -213,7 +214,7 @@ def _nothing_written(out:Path):
 @pytest.mark.parametrize('change, message', [
     (dict(merge_method='frankenmerge'), "unknown method 'frankenmerge'"),
     (dict(merge_method='passthrough'), "'passthrough' is mergekit's, and this project lacks it"),
-    (dict(merge_method='della'), "this project lacks it"),
+    (dict(merge_method='nearswap'), "this project lacks it"),
     (dict(slices=[{"sources": []}]), "slices (layer ranges, frankenmerges) are not supported"),
     (dict(parameters={'densty': 0.5}), "['densty'] not parameter(s) of mergekit's ties"),
     (dict(tokenizer_source='union'), "'union'"),

@@ -16,7 +16,7 @@ from .registry import Hyper, MergeMethod, declare, expert_weights
 
 # %% auto #0
 __all__ = ['BREADCRUMBS_HYPERS', 'SOTA_BREADCRUMBS', 'breadcrumbs', 'breadcrumbs_ties', 'sign_consensus', 'gta_mix',
-           'magnitude_outliers', 'gta_rule', 'gta_hypers']
+           'l1_rescaled', 'magnitude_outliers', 'gta_rule', 'gta_hypers']
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #aaa81d68
 def sign_consensus(deltas:Tensor, # (n_experts, ...) weighted task vectors
@@ -43,6 +43,13 @@ def gta_mix(deltas:Tensor, # (n_experts, ...) sparsified task vectors
     return mixed / div if normalize else mixed
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #42910cdb
+def l1_rescaled(tau:Tensor, # a task-vector tensor before masking
+                kept:Tensor, # the same tensor after masking
+               )->Tensor:
+    "mergekit's `rescale`: `kept` times ‖τ‖₁/‖kept‖₁, so the L1 norm is τ's (unchanged where either norm is below 1e-7)."
+    before, after = tau.abs().sum(), kept.abs().sum()
+    return kept * (before / after) if before >= 1e-7 and after >= 1e-7 else kept
+
 def magnitude_outliers(tau:Tensor, # a task-vector tensor
                        density:float, # fraction of entries kept, (0, 1]
                        gamma:float=0.01, # fraction of the largest entries removed
@@ -59,10 +66,7 @@ def magnitude_outliers(tau:Tensor, # a task-vector tensor
     mask = torch.zeros(n, dtype=torch.bool, device=tau.device)
     mask[order[n_bot:n - n_top]] = True
     out = tau * mask.reshape(tau.shape)
-    if rescale:
-        before, after = tau.abs().sum(), out.abs().sum()
-        if before >= 1e-7 and after >= 1e-7: out = out * (before / after)
-    return out
+    return l1_rescaled(tau, out) if rescale else out
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #d1581983
 def gta_rule(sparsify:Callable|None, # (name, key, τ, hp) → sparsified τ; None: keep τ

@@ -21,7 +21,8 @@ from ..checkpoints import LazyStateDict, resolve_model_dir
 from .export import honour_umask
 from ..methods.registry import MergeMethod, all_finite, merge_streaming, tensor_generator
 from ..merge import MERGE_METHODS
-from ..methods.breadcrumbs import gta_rule, magnitude_outliers
+from ..methods.breadcrumbs import gta_rule, l1_rescaled, magnitude_outliers
+from ..methods.della import magprune
 from ..methods.dare import dare_drop
 import fusion_nb
 
@@ -32,13 +33,12 @@ __all__ = ['MERGEKIT_METHODS', 'GTA_DEFAULTS', 'MERGEKIT_LACKS', 'MERGEKIT_KEYS'
            'check_values', 'run_hf_merge', 'hf_model_card']
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #734615cf
-MERGEKIT_METHODS = {n: n for n in ('linear', 'task_arithmetic', 'slerp', 'model_stock', 'ties', 'dare_ties', 'dare_linear', 'della_linear',
+MERGEKIT_METHODS = {n: n for n in ('linear', 'task_arithmetic', 'slerp', 'model_stock', 'ties', 'dare_ties', 'della', 'dare_linear', 'della_linear',
                                    'breadcrumbs', 'breadcrumbs_ties', 'sce', 'nuslerp', 'multislerp', 'karcher')}
-GTA_DEFAULTS = {'ties': (True, False), 'dare_ties': (False, True), 'dare_linear': (False, True), 'della_linear': (False, True),
+GTA_DEFAULTS = {'ties': (True, False), 'dare_ties': (False, True), 'della': (True, True), 'dare_linear': (False, True), 'della_linear': (False, True),
                 'breadcrumbs': (False, False), 'breadcrumbs_ties': (False, False), 'task_arithmetic': (False, False)}  # mergekit's (normalize, rescale)
 MERGEKIT_LACKS = {'passthrough': 'it stacks layers (frankenmerges) rather than merging tensors',
-                  'della': "this project's della follows the DELLA paper's code, not mergekit's per-tensor magprune; use "
-                           "`method: della` in this project's schema", 'arcee_fusion': 'not implemented here', 'nearswap': 'not implemented here'}
+                  'arcee_fusion': 'not implemented here', 'nearswap': 'not implemented here'}
 MERGEKIT_KEYS = ('merge_method', 'base_model', 'models', 'parameters', 'dtype', 'out_dtype', 'tokenizer_source', 'name',
                  'device', 'output', 'seed')   # the last three are this project's
 
@@ -74,11 +74,22 @@ def setting_value(setting, # a mergekit parameter value: number, list of numbers
                       "over the layers, or a list of {filter: ..., value: ...})")
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #a89cf78e
-def _mk_magnitude(name, key, tau, hp): return magnitude_outliers(tau, hp['density'], 0.0, hp['rescale'])
+def _mk_magnitude(name, key, tau, hp):
+    d = hp['density']
+    if 0 < d < 1 and int(d * tau.numel()) == 0: d = 1.5 / tau.numel()   # mergekit's magnitude keeps at least one entry
+    return magnitude_outliers(tau, d, 0.0, hp['rescale'])
 def _mk_random(name, key, tau, hp):
     if hp['density'] >= 1: return tau
-    return dare_drop(tau, 1 - hp['density'], tensor_generator(hp['seed'], 'mergekit', name, key), hp['rescale'])
-MERGEKIT_RULES = {'ties': gta_rule(_mk_magnitude, consensus=True), 'dare_ties': gta_rule(_mk_random, consensus=True)}
+    kept = dare_drop(tau, 1 - hp['density'], tensor_generator(hp['seed'], 'mergekit', name, key), rescale=False)
+    return l1_rescaled(tau, kept) if hp['rescale'] else kept
+def _mk_magprune(name, key, tau, hp):
+    d, eps = hp['density'], hp['epsilon']
+    if d >= 1: return tau
+    if not (0 < d - eps and d + eps < 1): raise HyperparameterError(f"della: density={d:g} ± epsilon={eps:g} must lie in (0, 1) (mergekit's rule)")
+    kept = magprune(tau, d, eps, tensor_generator(hp['seed'], 'mergekit', name, key), rescale=False)
+    return l1_rescaled(tau, kept) if hp['rescale'] else kept
+MERGEKIT_RULES = {'ties': gta_rule(_mk_magnitude, consensus=True), 'dare_ties': gta_rule(_mk_random, consensus=True),
+                  'della': gta_rule(_mk_magprune, consensus=True)}
 
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #dc3d15df
@@ -248,9 +259,9 @@ def _checked_values(method:str, glob:dict, params:dict, seed:int, where:str)->Ca
         if method == 'task_arithmetic':   # task arithmetic's own rule: θ₀ + Σ λ·wᵢ/(Σw) τᵢ
             s = sum(d['weight']); s = s if d['normalize'] and abs(s) >= 1e-8 else 1.0
             return dict(scaling_factor=[d['scaling_factor'] * w / s for w in d['weight']])
-        if method in ('dare_ties', 'dare_linear', 'della_linear'): d['seed'] = seed
+        if method in ('dare_ties', 'della', 'dare_linear', 'della_linear'): d['seed'] = seed
         if method.startswith('breadcrumbs'): d['gamma'] = one('gamma', key, t, 0.01)
-        if method == 'della_linear': d['epsilon'] = one('epsilon', key, t, 0.15)
+        if method in ('della', 'della_linear'): d['epsilon'] = one('epsilon', key, t, 0.15)
         return d
     return values
 
@@ -258,7 +269,7 @@ def _checked_values(method:str, glob:dict, params:dict, seed:int, where:str)->Ca
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #8fd6fb60
 _GTA_KEYS = {'weight', 'density', 'lambda', 'normalize', 'rescale', 'int8_mask'}
 _KNOWN = {'linear': {'weight', 'normalize'}, 'slerp': {'t'}, 'model_stock': {'filter_wise'}, **{k: _GTA_KEYS for k in GTA_DEFAULTS},
-          'breadcrumbs': _GTA_KEYS | {'gamma'}, 'breadcrumbs_ties': _GTA_KEYS | {'gamma'}, 'della_linear': _GTA_KEYS | {'epsilon'},
+          'breadcrumbs': _GTA_KEYS | {'gamma'}, 'breadcrumbs_ties': _GTA_KEYS | {'gamma'}, 'della_linear': _GTA_KEYS | {'epsilon'}, 'della': _GTA_KEYS | {'epsilon'},
           'sce': {'select_topk'}, 'karcher': {'max_iter', 'tol'}, 'multislerp': {'weight', 'normalize_weights', 'eps'},
           'nuslerp': {'weight', 'nuslerp_flatten', 'nuslerp_row_wise'}}
 _NO_BASE = ('linear', 'karcher', 'multislerp', 'nuslerp')   # mergekit methods that run without a base_model
