@@ -22,7 +22,7 @@ reproduce: setup
 
 test: setup
 	bash .ci/check_clean.sh
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q tests
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=25 tests
 	HF_HUB_OFFLINE=1 $(BIN)/nbdev-test --n-workers 2
 
 export: setup
