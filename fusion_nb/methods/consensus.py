@@ -13,10 +13,10 @@ from .registry import Hyper, MergeMethod, declare
 from .ties import TIES_HYPERS, _ties_rule
 
 # %% auto #0
-__all__ = ['CONSENSUS_HYPERS', 'consensus_ta', 'consensus_ties', 'tall_masks', 'consensus_mask']
+__all__ = ['CONSENSUS_HYPERS', 'consensus_ta', 'consensus_ties', 'tall_task_masks', 'consensus_mask']
 
 # %% ../../nbs/methods/44_consensus.ipynb #03f4c9df
-def tall_masks(taus:Tensor, # (n_tasks, ...) task vectors of one tensor
+def tall_task_masks(taus:Tensor, # (n_tasks, ...) task vectors of one tensor
                lam:float, # λ
               )->Tensor:
     "Each task's TALL mask |τₜ| ≥ λ·|Σₛ τₛ − τₜ| (bool, same shape as `taus`)."
@@ -27,7 +27,7 @@ def consensus_mask(taus:Tensor, # (n_tasks, ...) task vectors
                    k:int, # least number of tasks whose masks must hold a weight
                   )->Tensor:
     "Weights held by at least `k` tasks' TALL masks."
-    return tall_masks(taus, lam).sum(0) >= k
+    return tall_task_masks(taus, lam).sum(0) >= k
 
 # %% ../../nbs/methods/44_consensus.ipynb #a6eab060
 def _consensus_ta_rule(pretrained, experts, hp, info, runtime):
