@@ -16,7 +16,7 @@ from .data import MergeData, profile_settings
 
 
 # %% auto #0
-__all__ = ['FUSION_SETTINGS', 'budget_defaults', 'fusion_settings', 'paper_rows', 'fuse', 'learning_curves']
+__all__ = ['FUSION_SETTINGS', 'budget_defaults', 'fusion_settings', 'paper_rows', 'row_hypers', 'fuse', 'learning_curves']
 
 # %% ../../nbs/methods/39_rows.ipynb #d17736b2
 def budget_defaults(paper:str='000')->dict[str, Any]:
@@ -62,6 +62,16 @@ def paper_rows(paper:str='000', # paper id, as in data/paper_values
     if model is not None and (v['model'] == model).any(): v = v[v['model'] == model]
     return list(dict.fromkeys(MERGE_METHODS[m].name for m in dict.fromkeys(v['method']) if m in MERGE_METHODS))
 
+def row_hypers(name:str, # a declared method name (or alias)
+               settings:Mapping|None=None, # budgets (`fusion_settings`); default: paper 000's
+               seed:int=0, # the run's seed, for methods that take one (random masks)
+               paper:str='000', # whose row settings to use
+              )->dict:
+    "The hyperparameters a table row runs `name` with: the paper's row settings, the budgets, the seed where it takes one."
+    m, s = MERGE_METHODS[name], {**FUSION_SETTINGS, **(settings or {})}
+    hp = {**m.papers.get(paper, {}), **{h: s[key] for h, key in m.budgets.items()}}
+    return {**hp, 'seed': seed} if 'seed' in m.hypers else hp
+
 def fuse(name:str, # a declared method name (or alias)
          pretrained:Mapping, experts:Mapping, # θ₀ and task → expert state dicts
          data:MergeData|None, # samplers of the experts' tasks (training-free methods take None)
@@ -74,9 +84,7 @@ def fuse(name:str, # a declared method name (or alias)
     m = MERGE_METHODS[name]
     learns = m.kind in ('data-based', 'test-time')
     if learns and data is None: raise HyperparameterError(f"{m.name} needs `data` (a MergeData of the experts' tasks)")
-    s = {**FUSION_SETTINGS, **(settings or {})}
-    hp = {**m.papers.get(paper, {}), **{h: s[key] for h, key in m.budgets.items()}}
-    if 'seed' in m.hypers: hp['seed'] = seed
+    hp = row_hypers(name, settings, seed, paper)
     if artefacts is not None and m.artefact:
         Path(artefacts).mkdir(parents=True, exist_ok=True); hp['save_to'] = Path(artefacts)/f'{m.name}{m.artefact}'
     t0 = time.time()
