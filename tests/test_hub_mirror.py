@@ -25,7 +25,8 @@ from fusion_nb.tiny.clip_factory import CLIP_MEAN, CLIP_STD
 
 TASKS = ['sun397', 'stanford_cars', 'resisc45', 'eurosat', 'svhn', 'gtsrb', 'mnist', 'dtd']
 BUDGET = dict(fisher_examples=4, regmean_examples=4, data_batch_size=4, tta_batch_size=4, adamerging_steps=2, adamerging_lr='1e-2',
-              concrete_ta_steps=2, concrete_lw_steps=2, concrete_lr='1e-2', wemoe_steps=2, wemoe_lr='1e-3')
+              concrete_ta_steps=2, concrete_lw_steps=2, concrete_lr='1e-2', wemoe_steps=2, wemoe_lr='1e-3',
+              wudi_steps=2)
 
 def _parquet_layout(folder, splits, features, config=None, other_configs=()):
     "A dataset as the hub keeps it: <config or data>/<split>-00000-of-00001.parquet and a card whose `configs:` name them."
