@@ -114,3 +114,21 @@ def micro_pools():
     tasks = TaskPool([Task(t, base/'datasets'/t) for t in MICRO_BENCH_TASKS])
     return dict(models=models, tasks=tasks, pre=models.vision_state(PRETRAINED),
                 experts={t: models.vision_state(t) for t in MICRO_BENCH_TASKS}, data=MergeData(models, tasks, seed=0))
+
+# --- running on several workers (pytest-xdist, `make test`'s `-n auto --dist loadgroup`) ---------------------------------
+# Each file runs whole on one worker (its module fixtures are built once). Files that read or build the same zoo under the
+# repository's data/ on first use share a worker, so two workers never build one zoo at the same time.
+SHARED_BUILDS = {'robust': ['test_robust_experiments', 'test_robust_zoo', 'test_robust_models', 'test_robust_paper_scale'],
+                 'neulig': ['test_neulig', 'test_neulig_experiment', 'test_second_backbone'],
+                 'llava': ['test_llava', 'test_llava_benchmarks', 'test_llava_experiment', 'test_llava_paper_values']}
+
+def pytest_collection_modifyitems(config, items):
+    group = {f: g for g, files in SHARED_BUILDS.items() for f in files}
+    for item in items: item.add_marker(pytest.mark.xdist_group(group.get(item.path.stem, item.path.stem)))
+
+def pytest_sessionstart(session):
+    "The repository's micro benchmark, built before any worker starts (every worker reads it; none may build it twice)."
+    if hasattr(session.config, 'workerinput') or not session.config.pluginmanager.hasplugin('xdist'): return
+    if getattr(session.config.option, 'numprocesses', None) in (None, 0): return
+    from fusion_nb.tiny.build import build_benchmark
+    build_benchmark('micro', root=REPO, progress=False, log=lambda s: None)
