@@ -21,11 +21,11 @@ reproduce: setup
 	$(BIN)/fusion-nb reproduce --profile $(PROFILE)
 
 # Tests run one worker per core (pytest-xdist), one torch thread each: most tests are single-threaded Python and
-# subprocesses, so two workers on two cores take about half the time of one. tests/conftest.py groups the files that
-# share a lazily built zoo onto one worker and builds the micro benchmark once before the workers start.
+# subprocesses, so two workers on two cores take about half the time of one. tests/conftest.py serialises the files that
+# share a lazily built zoo (a lock per zoo) and builds the micro benchmark once before the workers start.
 test: setup
 	bash .ci/check_clean.sh
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/pytest -q -n auto --dist loadgroup --durations=25 tests
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/pytest -q -n auto --dist loadfile --durations=25 tests
 	HF_HUB_OFFLINE=1 $(BIN)/nbdev-test --n-workers 2
 
 export: setup

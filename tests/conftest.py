@@ -115,16 +115,26 @@ def micro_pools():
     return dict(models=models, tasks=tasks, pre=models.vision_state(PRETRAINED),
                 experts={t: models.vision_state(t) for t in MICRO_BENCH_TASKS}, data=MergeData(models, tasks, seed=0))
 
-# --- running on several workers (pytest-xdist, `make test`'s `-n auto --dist loadgroup`) ---------------------------------
+# --- running on several workers (pytest-xdist, `make test`'s `-n auto --dist loadfile`) ----------------------------------
 # Each file runs whole on one worker (its module fixtures are built once). Files that read or build the same zoo under the
-# repository's data/ on first use share a worker, so two workers never build one zoo at the same time.
+# repository's data/ on first use take that zoo's lock for as long as they run, so two workers never build one zoo at once.
+# (xdist's `loadgroup` would be the direct way; with pytest 9.2 and xdist 3.8 its groups are not honoured: tests of one
+# xdist_group ran on both workers.)
 SHARED_BUILDS = {'robust': ['test_robust_experiments', 'test_robust_zoo', 'test_robust_models', 'test_robust_paper_scale'],
                  'neulig': ['test_neulig', 'test_neulig_experiment', 'test_second_backbone'],
                  'llava': ['test_llava', 'test_llava_benchmarks', 'test_llava_experiment', 'test_llava_paper_values']}
+GROUP_OF = {f: g for g, files in SHARED_BUILDS.items() for f in files}
 
-def pytest_collection_modifyitems(config, items):
-    group = {f: g for g, files in SHARED_BUILDS.items() for f in files}
-    for item in items: item.add_marker(pytest.mark.xdist_group(group.get(item.path.stem, item.path.stem)))
+@pytest.fixture(scope='module', autouse=True)
+def one_builder_per_zoo(request):
+    "Under xdist, hold the file's zoo lock (one per checkout and zoo) while the file runs."
+    group = GROUP_OF.get(request.path.stem)
+    if group is None or not os.environ.get('PYTEST_XDIST_WORKER'):
+        yield; return
+    import hashlib, tempfile
+    from filelock import FileLock
+    key = hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
+    with FileLock(str(Path(tempfile.gettempdir())/f'fusion_nb-tests-{key}-{group}.lock')): yield
 
 def pytest_sessionstart(session):
     "The repository's micro benchmark, built before any worker starts (every worker reads it; none may build it twice)."
