@@ -15,21 +15,21 @@ from .della import magprune
 from .breadcrumbs import gta_rule, gta_hypers, l1_rescaled
 
 # %% auto #0
-__all__ = ['dare_linear', 'della_linear']
+__all__ = ['dare_linear', 'della_linear', 'dare_sparsify', 'magprune_sparsify']
 
 # %% ../../nbs/methods/41_linear_sparse.ipynb #100111ea
-def _dare_linear_sparsify(name, key, tau, hp):
+def dare_sparsify(name, key, tau, hp):
     "Keep each entry with probability `density` (seeded per expert and tensor); with `rescale`, back to τ's L1 norm."
     if hp['density'] >= 1: return tau
     kept = dare_drop(tau, 1 - hp['density'], tensor_generator(hp['seed'], 'dare_linear', name, key), rescale=False)
     return l1_rescaled(tau, kept) if hp['rescale'] else kept
 
-def _della_linear_sparsify(name, key, tau, hp):
+def magprune_sparsify(name, key, tau, hp):
     "MagPrune with mean keep probability `density` and window ±ε; with `rescale`, back to τ's L1 norm."
     d, eps = hp['density'], hp['epsilon']
     if d >= 1: return tau
     if not (0 < d - eps and d + eps < 1):
-        raise HyperparameterError(f"della_linear: density={d:g} ± epsilon={eps:g} must lie in (0, 1)")
+        raise HyperparameterError(f"density={d:g} ± epsilon={eps:g} must lie in (0, 1) (mergekit's rule for MagPrune)")
     kept = magprune(tau, d, eps, tensor_generator(hp['seed'], 'della_linear', name, key), rescale=False)
     return l1_rescaled(tau, kept) if hp['rescale'] else kept
 
@@ -39,11 +39,11 @@ _SEED = Hyper(0, 'random seed of the masks', 'ours: masks drawn per (seed, exper
 dare_linear = declare(MergeMethod(
     'dare_linear', 'DARE (linear, mergekit)', "θ = θ₀ + Σᵢ wᵢ·DARE(τᵢ): keep each entry with probability density, back to τ's L1 norm; no sign election.",
     'training-free', hypers={**gta_hypers(False, True, "scale the kept entries back to τ's L1 norm (mergekit's rescale)"), 'seed': _SEED},
-    rule=gta_rule(_dare_linear_sparsify, consensus=False), papers={'sota': dict(weight=0.3, density=0.5)}))
+    rule=gta_rule(dare_sparsify, consensus=False), papers={'sota': dict(weight=0.3, density=0.5)}))
 
 della_linear = declare(MergeMethod(
     'della_linear', 'DELLA (linear, mergekit)', 'θ = θ₀ + Σᵢ wᵢ·MagPrune(τᵢ): magnitude-ranked keep probabilities, rescaled; no sign election.',
     'training-free', hypers={**gta_hypers(False, True, "scale the kept entries back to τ's L1 norm (mergekit's rescale)"), 'seed': _SEED,
                              'epsilon': Hyper(0.15, 'half-width of the keep-probability window', "mergekit's della `epsilon` default",
                                               float, interval='[0, 1)')},
-    rule=gta_rule(_della_linear_sparsify, consensus=False), papers={'sota': dict(weight=0.3, density=0.7, epsilon=0.07)}))
+    rule=gta_rule(magprune_sparsify, consensus=False), papers={'sota': dict(weight=0.3, density=0.7, epsilon=0.07)}))

@@ -19,11 +19,10 @@ from ..core import (FusionError, HyperparameterError, IncompatibleModelsError, N
                             atomic_write_text, get_device, get_dtype)
 from ..checkpoints import LazyStateDict, resolve_model_dir
 from .export import honour_umask
-from ..methods.registry import MergeMethod, all_finite, merge_streaming, tensor_generator
+from ..methods.registry import MergeMethod, all_finite, merge_streaming
 from ..merge import MERGE_METHODS
-from ..methods.breadcrumbs import gta_rule, l1_rescaled, magnitude_outliers
-from ..methods.della import magprune
-from ..methods.dare import dare_drop
+from ..methods.breadcrumbs import gta_rule, magnitude_outliers
+from ..methods.linear_sparse import dare_sparsify, magprune_sparsify
 import fusion_nb
 
 # %% auto #0
@@ -78,18 +77,8 @@ def _mk_magnitude(name, key, tau, hp):
     d = hp['density']
     if 0 < d < 1 and int(d * tau.numel()) == 0: d = 1.5 / tau.numel()   # mergekit's magnitude keeps at least one entry
     return magnitude_outliers(tau, d, 0.0, hp['rescale'])
-def _mk_random(name, key, tau, hp):
-    if hp['density'] >= 1: return tau
-    kept = dare_drop(tau, 1 - hp['density'], tensor_generator(hp['seed'], 'mergekit', name, key), rescale=False)
-    return l1_rescaled(tau, kept) if hp['rescale'] else kept
-def _mk_magprune(name, key, tau, hp):
-    d, eps = hp['density'], hp['epsilon']
-    if d >= 1: return tau
-    if not (0 < d - eps and d + eps < 1): raise HyperparameterError(f"della: density={d:g} ± epsilon={eps:g} must lie in (0, 1) (mergekit's rule)")
-    kept = magprune(tau, d, eps, tensor_generator(hp['seed'], 'mergekit', name, key), rescale=False)
-    return l1_rescaled(tau, kept) if hp['rescale'] else kept
-MERGEKIT_RULES = {'ties': gta_rule(_mk_magnitude, consensus=True), 'dare_ties': gta_rule(_mk_random, consensus=True),
-                  'della': gta_rule(_mk_magprune, consensus=True)}
+MERGEKIT_RULES = {'ties': gta_rule(_mk_magnitude, consensus=True), 'dare_ties': gta_rule(dare_sparsify, consensus=True),
+                  'della': gta_rule(magprune_sparsify, consensus=True)}   # dare_linear's and della_linear's sparsifiers, with consensus
 
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #dc3d15df
