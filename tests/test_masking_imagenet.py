@@ -231,3 +231,42 @@ def test_imagenet_r_in_its_published_schema_is_matched_by_wordnet_id(imagenet_cl
     present = sorted(set(wnids))   # the set's classes: the WordNet ids it holds
     naive = [present[_naive_prediction(r, [[IMAGENET_WNIDS.index(w)] for w in present])] for r in logits]
     assert rec['imagenet_r'] == pytest.approx(np.mean([p == w for p, w in zip(naive, wnids)]), abs=1e-12)
+
+def test_comparison_notebook_scores_official_soup_files_with_their_head(tmp_path):
+    "Issue 24.7: `soup_ingredients` naming official model-soups `.pt` files give table 3's uniform soup as the paper's ‡ row: their average, its own head and bias."
+    import subprocess, sys
+    import pandas as pd
+    from conftest import REPO
+    from test_masking import random_openai_clip
+    from fusion_nb.masking.counterfactual_ft import evaluation_splits
+    from fusion_nb.masking.openai_clip import classifier_accuracy, official_soup_classifier
+    from fusion_nb.pools import ModelPool, Task
+    from fusion_nb.reproduce.profiles import load_profile
+    files = []
+    for i in range(2):   # two random checkpoints in the official layout, 32 px like the micro CLIP, a head over its 12 ImageNet stand-in classes
+        sd, g, r, (w, p, grid, e) = random_openai_clip(w=64, p=8, grid=4)
+        sd = {k: v + 0.1 * i * torch.randn(v.shape, generator=g) if v.is_floating_point() else v for k, v in sd.items()}
+        torch.save({**{'model.' + k: v for k, v in sd.items() if not k.startswith('transformer.')},
+                    'classification_head.weight': r(12, e) * (i + 1), 'classification_head.bias': r(12)}, tmp_path/f'official_{i}.pt')
+        files.append(str(tmp_path/f'official_{i}.pt'))
+    out = tmp_path/'out'
+    yaml = f"thresholds: [0.5]\nwise_alphas: [0.5]\nfinetune_seeds: [0, 1]\nsoup_ingredients: '{files[0]} {files[1]}'\ntable2_images: 8"
+    r = subprocess.run([sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/'31_masked_images_comparison.ipynb'), str(tmp_path/'run.ipynb'),
+                        '-k', 'python3', '-p', 'profile', 'micro', '-p', 'output_dir', str(out), '-y', yaml],
+                       cwd=REPO/'nbs'/'experiments', capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res, t3s = pd.read_csv(out/'results.csv'), pd.read_csv(out/'table3_std.csv', index_col=0)
+    assert not pd.read_csv(out/'runs.csv').hparam.astype(str).str.startswith('lr×').any()   # no soup fine-tunes
+    assert sorted(m for m in res.model.unique() if m.startswith('uniform_soup')) == ['uniform_soup/s0'] and (t3s.loc['Uniform soup'] == 0).all()
+    # independently: the two files averaged by hand (every tensor, head and bias included) and scored on the same test sets
+    raw = [{k.removeprefix('model.'): v for k, v in torch.load(f, weights_only=True).items()} for f in files]
+    clf = official_soup_classifier({k: (raw[0][k] + raw[1][k]) / 2 for k in raw[0] if raw[0][k].is_floating_point()}, vision_heads=1)
+    tasks = ['imagenet', 'imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a']
+    P = load_profile('micro', tasks=tasks)
+    splits = evaluation_splits(tasks, P.test_split, P.extra.get('test_splits'))
+    sets = {t: Task(t, P.datasets[t], split=splits[t]).load(splits[t], max_samples=P.max_test_samples, seed=P.seed) for t in tasks}
+    names = Task('imagenet', P.datasets['imagenet']).load('train').features['label'].names
+    hand = classifier_accuracy({'soup': clf}, sets, ModelPool(P.pretrained, {}, 'cpu').processor, names).set_index('task')['value'] * 100
+    got = res[res.model == 'uniform_soup/s0'].set_index('task')['value']
+    assert got[tasks].values == pytest.approx(hand[tasks].values, abs=1e-9)
+    assert 'official checkpoints' in (out/'table3.md').read_text()
