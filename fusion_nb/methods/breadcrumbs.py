@@ -16,31 +16,32 @@ from .registry import Hyper, MergeMethod, declare, expert_weights
 
 # %% auto #0
 __all__ = ['BREADCRUMBS_HYPERS', 'SOTA_BREADCRUMBS', 'breadcrumbs', 'breadcrumbs_ties', 'sign_consensus', 'gta_mix',
-           'l1_rescaled', 'magnitude_outliers', 'gta_rule', 'gta_hypers']
+           'l1_rescaled', 'stable_lowest', 'magnitude_outliers', 'gta_rule', 'gta_hypers']
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #aaa81d68
 def sign_consensus(deltas:Tensor, # (n_experts, ...) weighted task vectors
                   )->Tensor:
     "mergekit's sum consensus: entries whose sign equals sgn(Σᵢ δᵢ) (≥ 0 read as +); zeros never agree."
-    majority = torch.where(deltas.sum(0) >= 0, 1.0, -1.0).to(deltas.dtype)
-    return deltas.sign() == majority
+    return torch.where(deltas.sum(0) >= 0, deltas > 0, deltas < 0)   # boolean temporaries: a float sign() would take 4× the memory
 
 def gta_mix(deltas:Tensor, # (n_experts, ...) sparsified task vectors
             weights:Tensor, # (n_experts,) wᵢ
             consensus:bool, # elect signs and keep the agreeing entries (the `_ties` variants)
             normalize:bool, # divide by the (agreeing) weights' sum
+            overwrite:bool=False, # compute in `deltas`' memory (a stack the caller no longer needs)
            )->Tensor:
     "The mixed task vector Δ of mergekit's generalized task arithmetic (steps 2–4 above)."
     w = weights.to(deltas.dtype).reshape(-1, *[1] * (deltas.dim() - 1))
-    wd = deltas * w
-    if consensus:
+    wd = deltas.mul_(w) if overwrite else deltas * w
+    if consensus:   # in place on wd, the divisor one expert at a time: a 7B tensor's temporaries stay near one stack
         mask = sign_consensus(wd)
-        mixed, div = (wd * mask).sum(0), (w * mask).sum(0)
-        div = torch.where(div == 0, torch.ones_like(div), div)
+        mixed, div = wd.mul_(mask).sum(0), torch.zeros(deltas.shape[1:], dtype=deltas.dtype, device=deltas.device)
+        for wi, mi in zip(weights.tolist(), mask): div.add_(mi, alpha=wi)
+        div.masked_fill_(div == 0, 1.0)
     else:
         mixed, div = wd.sum(0), w.sum()
         if div.abs() < 1e-8: div = torch.ones_like(div)
-    return mixed / div if normalize else mixed
+    return mixed.div_(div) if normalize else mixed
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #42910cdb
 def l1_rescaled(tau:Tensor, # a task-vector tensor before masking
@@ -49,6 +50,18 @@ def l1_rescaled(tau:Tensor, # a task-vector tensor before masking
     "mergekit's `rescale`: `kept` times ‖τ‖₁/‖kept‖₁, so the L1 norm is τ's (unchanged where either norm is below 1e-7)."
     before, after = tau.abs().sum(), kept.abs().sum()
     return kept * (before / after) if before >= 1e-7 and after >= 1e-7 else kept
+
+def stable_lowest(a:Tensor, # a flat tensor
+                  k:int, # how many entries
+                 )->Tensor:
+    "Mask of the `k` entries a stable ascending sort puts first (ties: lower positions first), from one k-th value, no sort."
+    n = a.numel()
+    if k <= 0 or k >= n: return torch.full((n,), k >= n, dtype=torch.bool, device=a.device)
+    kth = a.kthvalue(k).values   # a selection, O(n): a sort of a 7B model's embedding is seconds and an int64 index per entry
+    mask = a < kth
+    tied = (a == kth).nonzero().squeeze(1)
+    mask[tied[:k - int(mask.sum())]] = True
+    return mask
 
 def magnitude_outliers(tau:Tensor, # a task-vector tensor
                        density:float, # fraction of entries kept, (0, 1]
@@ -62,9 +75,8 @@ def magnitude_outliers(tau:Tensor, # a task-vector tensor
     n_keep, n_top = int(density * n), int(gamma * n)
     n_bot = n - n_keep - n_top
     if n_bot < 0: n_top, n_bot = n_top + n_bot, 0
-    order = tau.abs().flatten().argsort(stable=True)
-    mask = torch.zeros(n, dtype=torch.bool, device=tau.device)
-    mask[order[n_bot:n - n_top]] = True
+    a = tau.abs().flatten()
+    mask = stable_lowest(a, n - n_top) & ~stable_lowest(a, n_bot)   # ranks n_bot … n - n_top - 1 of a stable ascending sort
     out = tau * mask.reshape(tau.shape)
     return l1_rescaled(tau, out) if rescale else out
 
@@ -77,10 +89,11 @@ def gta_rule(sparsify:Callable|None, # (name, key, τ, hp) → sparsified τ; No
         w = expert_weights(hp['weight'], list(experts), 1.0, name='weight')
         dens = expert_weights(hp['density'], list(experts), 1.0, name='density')
         def merge_tensor(key, pre, ts):
-            deltas = [t - pre for t in ts.values()]
-            if sparsify is not None: deltas = [sparsify(n, key, d, {**hp, 'density': dens[n]}) for n, d in zip(ts, deltas)]
+            deltas = torch.empty((len(ts), *pre.shape), dtype=pre.dtype, device=pre.device)   # filled expert by expert: no list beside the stack
+            for i, (n, t) in enumerate(ts.items()):
+                deltas[i] = t - pre if sparsify is None else sparsify(n, key, t - pre, {**hp, 'density': dens[n]})
             weights = torch.tensor([w[n] for n in ts], dtype=pre.dtype, device=pre.device)
-            return pre + hp.get('scaling_factor', 1.0) * gta_mix(torch.stack(deltas), weights, consensus, hp['normalize'])
+            return gta_mix(deltas, weights, consensus, hp['normalize'], overwrite=True).mul_(hp.get('scaling_factor', 1.0)).add_(pre)
         return merge_tensor
     return rule
 
