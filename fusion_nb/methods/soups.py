@@ -9,15 +9,27 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Iterable, Mapping, Sequence
 
+import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core import HyperparameterError, check_range
 from .registry import MERGE_METHODS, Hyper, MergeMethod, OutputWeights, check_models, declare, expert_weights
 
 # %% auto #0
-__all__ = ['weighted_average', 'simple_average', 'uniform_soup', 'greedy_soup', 'soup_grid_search', 'linear', 'affine_grid']
+__all__ = ['weighted_average', 'simple_average', 'uniform_soup', 'greedy_soup', 'soup_grid_search', 'linear', 'weighted_sum',
+           'affine_grid']
 
 # %% ../../nbs/methods/21_soups.ipynb #70310e21
+def weighted_sum(weights:Mapping[str, float], # wᵢ by expert name
+                 tensors:Mapping[str, Tensor], # θᵢ by expert name (one tensor each)
+                )->Tensor:
+    "Σᵢ wᵢ θᵢ with the roundings of Python's `sum`, accumulated in place: one product temporary at a time, not one per term."
+    it = iter(tensors.items()); n, t = next(it)
+    out = torch.zeros_like(t).add_(weights[n] * t)   # 0 + w₀θ₀ as `sum` starts (so -0.0 becomes +0.0 there too)
+    for n, t in it: out += weights[n] * t
+    return out
+
 def _weighted_average_rule(pretrained, experts, hp, info, runtime):
     "Per tensor Σᵢ wᵢ θᵢ (weights 1/n by default, normalised to sum 1 on request)."
     w = expert_weights(hp['weights'], list(experts), 1 / len(experts))
@@ -26,7 +38,7 @@ def _weighted_average_rule(pretrained, experts, hp, info, runtime):
         if abs(total) < 1e-12: raise HyperparameterError(f"weights={list(w.values())} sum to 0 and cannot be normalised")
         w = {n: v / total for n, v in w.items()}
     info.update(weights=w, affine=abs(sum(w.values()) - 1) < 1e-9)
-    return lambda key, pre, ts: sum(w[n] * t for n, t in ts.items())
+    return lambda key, pre, ts: weighted_sum(w, ts)
 
 def _weighted_average_output_weights(result, names, hp):
     "The soup's own wᵢ (normalised if it was) on each expert's outputs; θ₀ gets 0: the soup has no θ₀ term."
