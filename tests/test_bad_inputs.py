@@ -288,7 +288,7 @@ def test_ctrl_c_during_reproduce_is_one_line_and_leaves_nothing(tmp_path):
     t0 = time.time()
     while not list((root/'outputs').rglob('started')) and time.time() - t0 < 90 and p.poll() is None: time.sleep(0.1)
     os.killpg(p.pid, signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    out, err = p.communicate(timeout=180)   # 13 s alone; once over 60 s in CI beside an experiment run (2 cores, load ~4)
     assert p.returncode == 130 and 'Traceback' not in err and 'ZMQError' not in err, err
     assert err.strip().splitlines()[-1] == 'fusion-nb: interrupted; finished experiments keep their outputs', err
     assert sorted(f.name for f in (root/'outputs'/'demo').iterdir()) == []   # no .failed.ipynb/.json, no temporaries, no half folder
