@@ -245,12 +245,29 @@ def _kernel_pythonpath()->str:
     "PYTHONPATH that makes a kernel or Ray worker import this fusion_nb (the one `code_fingerprint` read), then the caller's."
     return os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
 
-def _kernel_manager(stderr):
-    "A kernel manager class whose kernels write their stderr to the file `stderr`: a Ctrl-C's shutdown tracebacks stay out of the terminal."
+def _kernel_manager(stderr, started:list|None=None):
+    "A kernel manager class whose kernels write their stderr to the file `stderr` (a Ctrl-C's shutdown tracebacks stay out of the terminal), listed in `started`."
     from jupyter_client.manager import AsyncKernelManager
     class KernelManager(AsyncKernelManager):
-        async def start_kernel(self, **kw): return await super().start_kernel(**{'stderr': stderr, **kw})
+        async def start_kernel(self, **kw):
+            out = await super().start_kernel(**{'stderr': stderr, **kw})
+            if started is not None: started.append(self)
+            return out
     return KernelManager
+
+@contextlib.contextmanager
+def _ctrl_c_kills(kernels:list, interrupted:list):
+    "While the block runs, SIGINT kills the kernels (their own session: a terminal's Ctrl-C never reaches them) and raises KeyboardInterrupt."
+    import signal, threading
+    if threading.current_thread() is not threading.main_thread(): yield; return
+    def on_sigint(signum, frame):
+        interrupted.append(signum)
+        for km in kernels:   # a KeyboardInterrupt lost inside the client's event loop must not let the cell run on
+            with contextlib.suppress(Exception): os.kill(km.provisioner.pid, signal.SIGKILL)
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try: yield
+    finally: signal.signal(signal.SIGINT, previous)
 
 def _last_line(e:BaseException)->str:
     lines = [l for l in str(e).strip().splitlines() if l.strip()]
@@ -374,13 +391,14 @@ def run_experiment(name:str, # experiment (notebook stem)
         # OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep, not spin, on a busy machine (same results)
         with atomic_dir(out) as tmp, tempfile.TemporaryFile() as kernel_err, \
              _env(FUSION_NB_ROOT=profile.root, PYTHONPATH=_kernel_pythonpath(), OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')):
+            kernels, interrupted = [], []
             try:
-                with heartbeat(label, log) if mode == 'lines' else contextlib.nullcontext():
+                with heartbeat(label, log) if mode == 'lines' else contextlib.nullcontext(), _ctrl_c_kills(kernels, interrupted):
                     papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**inputs['parameters'], 'output_dir': str(tmp)},
                                                kernel_name='python3', cwd=str(nb.parent), progress_bar=mode == 'bars',
-                                               kernel_manager_class=_kernel_manager(kernel_err))
+                                               kernel_manager_class=_kernel_manager(kernel_err, kernels))
             except Exception as e:   # a Ctrl-C (KeyboardInterrupt) leaves no notebook behind: the run did not fail
-                if getattr(e, 'ename', None) == 'KeyboardInterrupt': raise KeyboardInterrupt from None   # the kernel's
+                if interrupted or getattr(e, 'ename', None) == 'KeyboardInterrupt': raise KeyboardInterrupt from None   # ours, or the kernel's
                 if (tmp/'run.ipynb').exists(): atomic_write_text(failed_nb, (tmp/'run.ipynb').read_text())
                 kernel_err.seek(0)
                 said = [l for l in kernel_err.read().decode(errors='replace').splitlines() if l.strip() and 'running over TCP' not in l]
