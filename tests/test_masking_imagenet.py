@@ -128,39 +128,50 @@ def test_soup_of_two_saved_tiny_models(imagenet_clip, tmp_path):
     assert torch.allclose(soup2[k], (sds[0][k] + clip.vision_model.state_dict()[k]) / 2, atol=1e-6)
     with pytest.raises(FusionError, match='listed twice'): soup_state_dicts([dirs[0], dirs[0]])
 
-def test_comparison_notebook_takes_the_soup_from_soup_ingredients(tmp_path):
-    "Experiment 31 with `soup_ingredients` (two saved micro encoders): no soup fine-tunes, one soup for every seed, its mean as the ingredients' average scores."
+def _run_31_with_soup(tmp_path, sources):
+    "Experiment 31 on micro with `soup_ingredients` = `sources` (two seeds); its output folder, checked for one soup, no soup fine-tunes."
     import subprocess, sys
     import pandas as pd
     from conftest import REPO
-    from fusion_nb.checkpoints import load_vision_model
-    from fusion_nb.masking.counterfactual_ft import evaluate_id_ood
-    from fusion_nb.reproduce.profiles import load_profile
-    from fusion_nb.pools import ModelPool
-    a, b = [str(REPO/'data'/'micro'/'models'/f'clip-vit-tiny_{t}') for t in ('eurosat', 'dtd')]
     out = tmp_path/'out'
-    yaml = f"thresholds: [0.5]\nwise_alphas: [0.5]\nfinetune_seeds: [0, 1]\nsoup_ingredients: '{a} {b}'\ntable2_images: 8"
+    yaml = f"thresholds: [0.5]\nwise_alphas: [0.5]\nfinetune_seeds: [0, 1]\nsoup_ingredients: '{' '.join(sources)}'\ntable2_images: 8"
     r = subprocess.run([sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/'31_masked_images_comparison.ipynb'), str(tmp_path/'run.ipynb'),
                         '-k', 'python3', '-p', 'profile', 'micro', '-p', 'output_dir', str(out), '-y', yaml],
                        cwd=REPO/'nbs'/'experiments', capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
-    runs, res = pd.read_csv(out/'runs.csv'), pd.read_csv(out/'results.csv')
-    assert not runs.hparam.astype(str).str.startswith('lr×').any()   # no fine-tunes for the soup
+    res, t3s = pd.read_csv(out/'results.csv'), pd.read_csv(out/'table3_std.csv', index_col=0)
+    assert not pd.read_csv(out/'runs.csv').hparam.astype(str).str.startswith('lr×').any()   # no fine-tunes for the soup
     assert sorted(m for m in res.model.unique() if m.startswith('uniform_soup')) == ['uniform_soup/s0']   # evaluated once
-    t3, t3s = pd.read_csv(out/'table3.csv', index_col=0), pd.read_csv(out/'table3_std.csv', index_col=0)
-    assert (t3s.loc['Uniform soup'] == 0).all()
-    # independently: average the two encoders by hand and score that model on the same test sets
+    assert (t3s.loc['Uniform soup'] == 0).all()   # one soup whatever the seed
+    return out
+
+def _micro_id_ood_sets():
+    "The micro profile, experiment 31's six test sets as it loads them, and the ID class names."
+    from fusion_nb.masking.counterfactual_ft import evaluation_splits
+    from fusion_nb.pools import Task
+    from fusion_nb.reproduce.profiles import load_profile
     tasks = ['imagenet', 'imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a']
     P = load_profile('micro', tasks=tasks)
+    splits = evaluation_splits(tasks, P.test_split, P.extra.get('test_splits'))
+    sets = {t: Task(t, P.datasets[t], split=splits[t]).load(splits[t], max_samples=P.max_test_samples, seed=P.seed) for t in tasks}
+    return P, tasks, sets, Task('imagenet', P.datasets['imagenet']).load('train').features['label'].names
+
+def test_comparison_notebook_takes_the_soup_from_soup_ingredients(tmp_path):
+    "Experiment 31 with `soup_ingredients` (two saved micro encoders): no soup fine-tunes, one soup for every seed, its mean as the ingredients' average scores."
+    import pandas as pd
+    from conftest import REPO
+    from fusion_nb.catalog import templates_for
+    from fusion_nb.checkpoints import load_vision_model
+    from fusion_nb.masking.counterfactual_ft import evaluate_id_ood
+    from fusion_nb.pools import ModelPool
+    a, b = [str(REPO/'data'/'micro'/'models'/f'clip-vit-tiny_{t}') for t in ('eurosat', 'dtd')]
+    out = _run_31_with_soup(tmp_path, [a, b])
+    res, t3 = pd.read_csv(out/'results.csv'), pd.read_csv(out/'table3.csv', index_col=0)
+    # independently: average the two encoders by hand and score that model on the same test sets
+    P, tasks, sets, names = _micro_id_ood_sets()
     sa, sb = load_vision_model(a).state_dict(), load_vision_model(b).state_dict()
     models = ModelPool(P.pretrained, {}, 'cpu')
     avg = models.vision_model({k: (sa[k] + sb[k]) / 2 for k in sa})
-    from fusion_nb.pools import Task
-    from fusion_nb.masking.counterfactual_ft import evaluation_splits
-    splits = evaluation_splits(tasks, P.test_split, P.extra.get('test_splits'))
-    sets = {t: Task(t, P.datasets[t], split=splits[t]).load(splits[t], max_samples=P.max_test_samples, seed=P.seed) for t in tasks}
-    names = Task('imagenet', P.datasets['imagenet']).load('train').features['label'].names
-    from fusion_nb.catalog import templates_for
     hand = evaluate_id_ood({'avg': avg}, models.clip, models.tokenizer, models.processor, sets, names, templates_for('imagenet'),
                            batch_size=P.batch_size, progress=False).set_index('task')['value'] * 100
     got = res[res.model == 'uniform_soup/s0'].set_index('task')['value']
@@ -234,14 +245,10 @@ def test_imagenet_r_in_its_published_schema_is_matched_by_wordnet_id(imagenet_cl
 
 def test_comparison_notebook_scores_official_soup_files_with_their_head(tmp_path):
     "Issue 24.7: `soup_ingredients` naming official model-soups `.pt` files give table 3's uniform soup as the paper's ‡ row: their average, its own head and bias."
-    import subprocess, sys
     import pandas as pd
-    from conftest import REPO
     from test_masking import random_openai_clip
-    from fusion_nb.masking.counterfactual_ft import evaluation_splits
     from fusion_nb.masking.openai_clip import classifier_accuracy, official_soup_classifier
-    from fusion_nb.pools import ModelPool, Task
-    from fusion_nb.reproduce.profiles import load_profile
+    from fusion_nb.pools import ModelPool
     files = []
     for i in range(2):   # two random checkpoints in the official layout, 32 px like the micro CLIP, a head over its 12 ImageNet stand-in classes
         sd, g, r, (w, p, grid, e) = random_openai_clip(w=64, p=8, grid=4)
@@ -249,23 +256,12 @@ def test_comparison_notebook_scores_official_soup_files_with_their_head(tmp_path
         torch.save({**{'model.' + k: v for k, v in sd.items() if not k.startswith('transformer.')},
                     'classification_head.weight': r(12, e) * (i + 1), 'classification_head.bias': r(12)}, tmp_path/f'official_{i}.pt')
         files.append(str(tmp_path/f'official_{i}.pt'))
-    out = tmp_path/'out'
-    yaml = f"thresholds: [0.5]\nwise_alphas: [0.5]\nfinetune_seeds: [0, 1]\nsoup_ingredients: '{files[0]} {files[1]}'\ntable2_images: 8"
-    r = subprocess.run([sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/'31_masked_images_comparison.ipynb'), str(tmp_path/'run.ipynb'),
-                        '-k', 'python3', '-p', 'profile', 'micro', '-p', 'output_dir', str(out), '-y', yaml],
-                       cwd=REPO/'nbs'/'experiments', capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res, t3s = pd.read_csv(out/'results.csv'), pd.read_csv(out/'table3_std.csv', index_col=0)
-    assert not pd.read_csv(out/'runs.csv').hparam.astype(str).str.startswith('lr×').any()   # no soup fine-tunes
-    assert sorted(m for m in res.model.unique() if m.startswith('uniform_soup')) == ['uniform_soup/s0'] and (t3s.loc['Uniform soup'] == 0).all()
+    out = _run_31_with_soup(tmp_path, files)
+    res = pd.read_csv(out/'results.csv')
     # independently: the two files averaged by hand (every tensor, head and bias included) and scored on the same test sets
     raw = [{k.removeprefix('model.'): v for k, v in torch.load(f, weights_only=True).items()} for f in files]
     clf = official_soup_classifier({k: (raw[0][k] + raw[1][k]) / 2 for k in raw[0] if raw[0][k].is_floating_point()}, vision_heads=1)
-    tasks = ['imagenet', 'imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a']
-    P = load_profile('micro', tasks=tasks)
-    splits = evaluation_splits(tasks, P.test_split, P.extra.get('test_splits'))
-    sets = {t: Task(t, P.datasets[t], split=splits[t]).load(splits[t], max_samples=P.max_test_samples, seed=P.seed) for t in tasks}
-    names = Task('imagenet', P.datasets['imagenet']).load('train').features['label'].names
+    P, tasks, sets, names = _micro_id_ood_sets()
     hand = classifier_accuracy({'soup': clf}, sets, ModelPool(P.pretrained, {}, 'cpu').processor, names).set_index('task')['value'] * 100
     got = res[res.model == 'uniform_soup/s0'].set_index('task')['value']
     assert got[tasks].values == pytest.approx(hand[tasks].values, abs=1e-9)
