@@ -247,7 +247,8 @@ def test_comparison_notebook_scores_official_soup_files_with_their_head(tmp_path
     "Issue 24.7: `soup_ingredients` naming official model-soups `.pt` files give table 3's uniform soup as the paper's ‡ row: their average, its own head and bias."
     import pandas as pd
     from test_masking import random_openai_clip
-    from fusion_nb.masking.openai_clip import classifier_accuracy, official_soup_classifier
+    from fusion_nb.masking.counterfactual_ft import classifier_accuracy
+    from fusion_nb.masking.openai_clip import official_soup_classifier
     from fusion_nb.pools import ModelPool
     files = []
     for i in range(2):   # two random checkpoints in the official layout, 32 px like the micro CLIP, a head over its 12 ImageNet stand-in classes
@@ -262,7 +263,7 @@ def test_comparison_notebook_scores_official_soup_files_with_their_head(tmp_path
     raw = [{k.removeprefix('model.'): v for k, v in torch.load(f, weights_only=True).items()} for f in files]
     clf = official_soup_classifier({k: (raw[0][k] + raw[1][k]) / 2 for k in raw[0] if raw[0][k].is_floating_point()}, vision_heads=1)
     P, tasks, sets, names = _micro_id_ood_sets()
-    hand = classifier_accuracy({'soup': clf}, sets, ModelPool(P.pretrained, {}, 'cpu').processor, names).set_index('task')['value'] * 100
+    hand = classifier_accuracy({'soup': clf}, sets, ModelPool(P.pretrained, {}, 'cpu').processor, names, progress=False).set_index('task')['value'] * 100
     got = res[res.model == 'uniform_soup/s0'].set_index('task')['value']
     assert got[tasks].values == pytest.approx(hand[tasks].values, abs=1e-9)
     assert 'official checkpoints' in (out/'table3.md').read_text()

@@ -28,8 +28,8 @@ from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 __all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'SPLIT_SEED', 'counterfactual_loss', 'kd_loss',
            'subset_predictions', 'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits',
            'dataset_pixels', 'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe',
-           'class_groups', 'group_predictions', 'evaluate_id_ood', 'evaluation_splits', 'embedding_distances',
-           'feature_drift', 'counterfactual_distance', 'claim_findings']
+           'class_groups', 'group_predictions', 'EncoderLogits', 'classifier_accuracy', 'evaluate_id_ood',
+           'evaluation_splits', 'embedding_distances', 'feature_drift', 'counterfactual_distance', 'claim_findings']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -343,6 +343,38 @@ def group_predictions(logits:Tensor, # (batch, ID classes)
     return owner[covered[logits[:, covered].argmax(-1)]]
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #5631fb0b
+class EncoderLogits(nn.Module):
+    "A vision encoder and its logits head as one classifier: pixel values → logits over the ID classes."
+    def __init__(self, encoder:nn.Module, logits:nn.Module): super().__init__(); self.encoder, self.logits = encoder, logits
+    def forward(self, pixel_values:Tensor)->Tensor: return self.logits(self.encoder(pixel_values=pixel_values).pooler_output)
+
+@torch.no_grad()
+def classifier_accuracy(classifiers:dict, # row name → module: pixel values → logits over `class_names`
+                        test_sets:dict, # test-set name → HF dataset (`image`, `label` ClassLabel)
+                        processor, # the image processor the classifiers expect
+                        class_names:Sequence[str], # the classes the logits are over, in their order
+                        *,
+                        id_wnids:Sequence[str]|None=None, id_aliases:Sequence[Sequence[str]]=(), # as in `class_groups`
+                        batch_size:int=256, device=None, progress:bool=True, autocast:str='none')->pd.DataFrame:
+    "Top-1 accuracy of each classifier on each test set, the arg-max taken over the ID classes the set covers: tidy records."
+    from fusion_nb.evaluation import _autocast, image_loader
+    device, records = get_device(device), []
+    _autocast(device, autocast)   # a bad name fails before any data is read
+    for name, ds in tqdm(test_sets.items(), desc='test sets', disable=not progress):
+        try: groups = class_groups(class_names, ds.features['label'].names, id_wnids=id_wnids, id_aliases=id_aliases)
+        except FusionError as e: raise FusionError(f"test set {name!r}: {e}") from None
+        correct, n = dict.fromkeys(classifiers, 0), 0
+        for batch in image_loader(ds, processor, batch_size):
+            x, y = batch['pixel_values'].to(device), batch['label'].to(device)
+            for r, clf in classifiers.items():
+                with _autocast(device, autocast): lg = clf.to(device).eval()(x)
+                if lg.shape[-1] != len(class_names): raise FusionError(f"classifier {r!r} gives {lg.shape[-1]} logits for {len(class_names)} classes")
+                correct[r] += int((group_predictions(lg.float(), groups) == y).sum())
+            n += len(y)
+        if n == 0: raise FusionError(f"test set {name!r} is empty")
+        records += [{'model': r, 'task': name, 'metric': 'accuracy', 'value': c / n} for r, c in correct.items()]
+    return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value'])
+
 @torch.no_grad()
 def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
                     clip:CLIPModel, tokenizer, processor, # the pre-trained CLIP (projection, logit scale, text tower)
@@ -357,28 +389,15 @@ def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
                     autocast:str='none', # forward passes under torch.autocast: 'none', 'bfloat16', 'float16' (the profile's `autocast`)
                    )->pd.DataFrame:
     "Top-1 accuracy of each encoder on each test set, predictions restricted to the test set's classes: tidy records."
-    from fusion_nb.evaluation import _autocast, image_loader
     device, heads, projections = get_device(device), dict(heads or {}), dict(projections or {})
-    _autocast(device, autocast)   # a bad name fails before any data is read
-    clip = clip.to(device).eval()
     unknown = [r for r in [*heads, *projections] if r not in encoders]
     if unknown: raise FusionError(f"heads or projections given for rows that are not evaluated: {unknown}")
+    clip = clip.to(device).eval()
     head0 = zeroshot_head(clip, tokenizer, class_names, templates, device=device)
-    zs = {r: ZeroShotLogits(projections.get(r) or clip.visual_projection, clip.logit_scale, heads.get(r, head0)).to(device) for r in encoders}
-    records = []
-    for name, ds in tqdm(test_sets.items(), desc='test sets', disable=not progress):
-        try: groups = class_groups(class_names, ds.features['label'].names, id_wnids=id_wnids, id_aliases=id_aliases)
-        except FusionError as e: raise FusionError(f"test set {name!r}: {e}") from None
-        correct, n = dict.fromkeys(encoders, 0), 0
-        for batch in image_loader(ds, processor, batch_size):
-            x, y = batch['pixel_values'].to(device), batch['label'].to(device)
-            for r, enc in encoders.items():
-                with _autocast(device, autocast): lg = zs[r](enc.to(device).eval()(pixel_values=x).pooler_output)
-                correct[r] += int((group_predictions(lg.float(), groups) == y).sum())
-            n += len(y)
-        if n == 0: raise FusionError(f"test set {name!r} is empty")
-        records += [{'model': r, 'task': name, 'metric': 'accuracy', 'value': c / n} for r, c in correct.items()]
-    return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value'])
+    rows = {r: EncoderLogits(enc, ZeroShotLogits(projections.get(r) or clip.visual_projection, clip.logit_scale, heads.get(r, head0)))
+            for r, enc in encoders.items()}
+    return classifier_accuracy(rows, test_sets, processor, class_names, id_wnids=id_wnids, id_aliases=id_aliases,
+                               batch_size=batch_size, device=device, progress=progress, autocast=autocast)
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b1201d6
 def evaluation_splits(tasks:Sequence[str], # the ID task and the shifted ones

@@ -12,16 +12,13 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
-import pandas as pd
 from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel
 
-from ..core import FusionError, get_device
-from ..evaluation import _autocast, image_loader
-from .counterfactual_ft import class_groups, group_predictions
+from ..core import FusionError
 
 # %% auto #0
 __all__ = ['openai_clip_config', 'openai_to_hf_state', 'load_openai_state', 'openai_clip_model', 'SoupClassifier',
-           'official_soup_classifier', 'official_uniform_soup', 'classifier_accuracy']
+           'official_soup_classifier', 'official_uniform_soup']
 
 # %% ../../nbs/masking/44_openai_clip.ipynb #ba79c837
 _BLOCK = {'ln_1': 'layer_norm1', 'ln_2': 'layer_norm2', 'mlp.c_fc': 'mlp.fc1', 'mlp.c_proj': 'mlp.fc2', 'attn.out_proj': 'self_attn.out_proj'}
@@ -148,27 +145,3 @@ def official_uniform_soup(sources:Sequence[str|Path], # the official checkpoints
         avg = sd if avg is None else {k: avg[k] + sd[k] for k in avg}
     return official_soup_classifier({k: v / len(sources) for k, v in avg.items()}, vision_heads)
 
-
-# %% ../../nbs/masking/44_openai_clip.ipynb #fb92ed8c
-@torch.no_grad()
-def classifier_accuracy(classifiers:dict, # row name → module: pixel values → logits over `class_names` (e.g. `official_uniform_soup`)
-                        test_sets:dict, # test-set name → HF dataset (`image`, `label` ClassLabel)
-                        processor, # the image processor the classifiers expect
-                        class_names:Sequence[str], # the classes the logits are over, in their order (ImageNet's for the official soups)
-                        *,
-                        id_wnids:Sequence[str]|None=None, id_aliases:Sequence[Sequence[str]]=(), # as in `evaluate_id_ood`
-                        batch_size:int=256, device=None, autocast:str='none')->pd.DataFrame:
-    "Top-1 accuracy of whole classifiers on each test set, predictions restricted to its classes as `evaluate_id_ood` does."
-    device, records = get_device(device), []
-    for name, ds in test_sets.items():
-        groups, correct, n = class_groups(class_names, ds.features['label'].names, id_wnids=id_wnids, id_aliases=id_aliases), dict.fromkeys(classifiers, 0), 0
-        for batch in image_loader(ds, processor, batch_size):
-            x, y = batch['pixel_values'].to(device), batch['label'].to(device)
-            for r, clf in classifiers.items():
-                with _autocast(device, autocast): lg = clf.to(device).eval()(x)
-                if lg.shape[-1] != len(class_names): raise FusionError(f"classifier {r!r} gives {lg.shape[-1]} logits for {len(class_names)} classes")
-                correct[r] += int((group_predictions(lg.float(), groups) == y).sum())
-            n += len(y)
-        if n == 0: raise FusionError(f"test set {name!r} is empty")
-        records += [{'model': r, 'task': name, 'metric': 'accuracy', 'value': c / n} for r, c in correct.items()]
-    return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value'])
