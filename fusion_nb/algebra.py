@@ -37,14 +37,17 @@ def tensor_meta(sd:Mapping, key:str)->tuple[tuple[int, ...], torch.dtype]:
     t = sd[key]
     return tuple(t.shape), t.dtype
 
+# %% ../nbs/01_algebra.ipynb #ede6eef6
 def _name(sd, default:str)->str:
     "The name a mapping goes by in messages."
     return getattr(sd, 'name', None) or default
 
+# %% ../nbs/01_algebra.ipynb #4feaee0f
 def _fmt_keys(keys, n=5)->str:
     keys = sorted(keys)
     return ', '.join(map(repr, keys[:n])) + (f' … ({len(keys)} in all)' if len(keys) > n else '')
 
+# %% ../nbs/01_algebra.ipynb #3a3b3246
 def check_finite(t:Tensor, # the tensor to check
                  model:str, # model name, for the message
                  key:str, # tensor key, for the message
@@ -55,6 +58,7 @@ def check_finite(t:Tensor, # the tensor to check
         raise NonFiniteError(f"model {model!r}: tensor {key!r} holds {n_nan} NaN and {n_inf} Inf value(s)")
     return t
 
+# %% ../nbs/01_algebra.ipynb #c1cc3bfe
 assert_finite = check_finite  # the name `check_compatible`'s flag shadows inside it
 
 def check_compatible(models:Mapping[str, Mapping], # name → state dict (plain or lazy)
@@ -120,6 +124,7 @@ class LazyMap(Mapping):
     def __contains__(self, key)->bool: return key in self._set
     def __repr__(self)->str: return f"{type(self).__name__}({self.name!r}, {len(self)} tensors)"
 
+# %% ../nbs/01_algebra.ipynb #d3e73239
 def materialize(sd:Mapping, # any state dict, lazy or not
                 progress:bool=False, # show a progress bar
                 desc:str='materialize', # progress bar label
@@ -131,10 +136,12 @@ def materialize(sd:Mapping, # any state dict, lazy or not
 def _is_scalar(s)->bool:
     return (isinstance(s, numbers.Number) and not isinstance(s, bool)) or (isinstance(s, Tensor) and s.ndim == 0)
 
+# %% ../nbs/01_algebra.ipynb #c4692508
 def _fmt_scalar(s)->str:
     if isinstance(s, Tensor): return 'λ' if s.requires_grad else f"{s.item():g}"
     return f"{s:g}" if isinstance(s, numbers.Real) else str(s)
 
+# %% ../nbs/01_algebra.ipynb #06f7a79d
 def _check_operands(a:Mapping, b:Mapping, what:str)->None:
     "Raise `IncompatibleModelsError` naming both operands unless `a` and `b` have the same keys and shapes."
     an, bn = _name(a, 'left operand'), _name(b, 'right operand')
@@ -147,7 +154,7 @@ def _check_operands(a:Mapping, b:Mapping, what:str)->None:
         if sa != sb:
             raise IncompatibleModelsError(f"{what}: tensor {k!r} has shape {list(sa)} in {an!r} but {list(sb)} in {bn!r}")
 
-
+# %% ../nbs/01_algebra.ipynb #587d2f2d
 class TaskVector(LazyMap):
     "τ = θ_ft − θ_pre as a lazy mapping over the mergeable keys; supports +, −, negation, scaling and `sum`."
     __array_ufunc__ = None  # `np.float32(0.3) * tv` defers to `TaskVector.__rmul__` instead of iterating the keys
@@ -239,6 +246,7 @@ def _pair(a:Mapping, b:Mapping, k:str, what:str)->tuple[Tensor, Tensor]|None:
         raise IncompatibleModelsError(f"{what}: tensor {k!r} has shape {list(x.shape)} in {_name(a, 'left operand')!r} but {list(y.shape)} in {_name(b, 'right operand')!r}")
     return x.detach().double(), y.detach().double()
 
+# %% ../nbs/01_algebra.ipynb #f64f599b
 def dot(a:Mapping, b:Mapping, progress:bool=False)->float:
     "⟨a, b⟩ over the mergeable tensors, streamed key by key in float64."
     _check_operands(a, b, 'dot')
@@ -248,6 +256,7 @@ def dot(a:Mapping, b:Mapping, progress:bool=False)->float:
         if p is not None: total += float(torch.sum(p[0] * p[1]))
     return total
 
+# %% ../nbs/01_algebra.ipynb #471204ac
 def norm(a:Mapping, progress:bool=False)->float:
     "‖a‖₂ over the mergeable tensors (each tensor read once), in float64."
     total = 0.0
@@ -256,6 +265,7 @@ def norm(a:Mapping, progress:bool=False)->float:
         if is_mergeable(x): total += float(torch.sum(x.detach().double() ** 2))
     return math.sqrt(total)
 
+# %% ../nbs/01_algebra.ipynb #10d2332c
 def cosine_terms(a:Mapping, b:Mapping, progress:bool=False)->Tensor:
     "(⟨a, b⟩, ‖a‖², ‖b‖²) as one float64 tensor on the operands' device (no host sync per key)."
     _check_operands(a, b, 'cosine')
@@ -268,6 +278,7 @@ def cosine_terms(a:Mapping, b:Mapping, progress:bool=False)->Tensor:
         terms = t if terms is None else terms + t
     return torch.zeros(3, dtype=torch.float64) if terms is None else terms
 
+# %% ../nbs/01_algebra.ipynb #c34447bb
 def cosine(a:Mapping, b:Mapping, eps:float=1e-12, progress:bool=False)->float:
     "Cosine similarity ⟨a, b⟩ / (‖a‖‖b‖) in one pass; 0 when either is the zero vector; NonFiniteError for NaN/Inf."
     ab, aa, bb = cosine_terms(a, b, progress).tolist()
@@ -276,6 +287,7 @@ def cosine(a:Mapping, b:Mapping, eps:float=1e-12, progress:bool=False)->float:
     denom = math.sqrt(aa) * math.sqrt(bb)
     return ab / denom if denom > eps else 0.0
 
+# %% ../nbs/01_algebra.ipynb #debde159
 def gram_tensor(vectors:Mapping[str, Mapping], # name → task vector (or any state dict)
                 progress:bool=False, # show a progress bar over the keys
                )->Tensor:
@@ -296,11 +308,13 @@ def gram_tensor(vectors:Mapping[str, Mapping], # name → task vector (or any st
         del xs, m
     return torch.zeros(len(names), len(names), dtype=torch.float64) if g is None else g
 
+# %% ../nbs/01_algebra.ipynb #2b80eaf4
 def _check_gram_finite(g:pd.DataFrame, what:str)->None:
     "A NaN or Inf entry in a task vector makes its squared norm (the diagonal) NaN or Inf: name the culprits."
     bad = [n for n, d in zip(g.index, g.values.diagonal()) if not math.isfinite(d)]
     if bad: raise NonFiniteError(f"{what}: {', '.join(map(repr, bad))} {'has' if len(bad) == 1 else 'have'} NaN or Inf values")
 
+# %% ../nbs/01_algebra.ipynb #89dd9583
 def gram_matrix(vectors:Mapping[str, Mapping], # name → task vector (or any state dict)
                 progress:bool=False, # show a progress bar over the keys
                )->pd.DataFrame:
@@ -310,6 +324,7 @@ def gram_matrix(vectors:Mapping[str, Mapping], # name → task vector (or any st
     _check_gram_finite(g, 'gram_matrix')
     return g
 
+# %% ../nbs/01_algebra.ipynb #f83cd505
 def cosine_matrix(vectors:Mapping[str, Mapping], # name → task vector
                   eps:float=1e-12, # norms below this count as zero (cosine 0)
                   progress:bool=False, # show a progress bar over the keys

@@ -789,10 +789,12 @@ def task_text(name:str)->TaskText:
         raise UnknownNameError(f"task {name!r} is not in the catalog. Known: {', '.join(sorted(CATALOG))}")
     return CATALOG[name]
 
+# %% ../nbs/04_catalog.ipynb #797215be
 def templates_for(name:str)->list[str]:
     "The prompt templates of task `name` (`DEFAULT_TEMPLATES` for tasks not in the catalog)."
     return list(CATALOG[name].templates if name in CATALOG else DEFAULT_TEMPLATES)
 
+# %% ../nbs/04_catalog.ipynb #ef728a69
 def class_names_for(name:str)->list[str]:
     "The catalog's class names of task `name`, in label order."
     return list(task_text(name).class_names)

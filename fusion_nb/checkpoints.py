@@ -34,25 +34,30 @@ def is_local_source(source:str|Path)->bool:
     s = str(source)
     return isinstance(source, Path) or s.startswith(('./', '../', '/', '~')) or Path(s).exists()
 
+# %% ../nbs/02_checkpoints.ipynb #a55c0499
 def hub_revision(source:str)->tuple[str, str|None]:
     "(hub id, revision) of `owner/name@revision` (a branch, tag or commit); revision None when none is given."
     repo, at, rev = str(source).partition('@')
     if at and not rev.strip(): raise FusionError(f"{source!r}: no revision after '@' (write owner/name@commit, or leave '@' out)")
     return repo, (rev.strip() or None)
 
+# %% ../nbs/02_checkpoints.ipynb #565cae9e
 def hub_offline()->bool:
     "True when the Hugging Face Hub must not be contacted (`HF_HUB_OFFLINE` set now or when huggingface_hub was imported)."
     if os.environ.get('HF_HUB_OFFLINE', '0').strip().lower() in ('1', 'true', 'yes', 'on'): return True
     from huggingface_hub import constants
     return bool(constants.HF_HUB_OFFLINE)
 
+# %% ../nbs/02_checkpoints.ipynb #786a3f51
 def _hub_advice(source:str)->str:
     return (f"Run on a machine with hub access, pre-download it (`hf download {source}`), "
             "or point the profile at a local directory (a path starting with ./ or /).")
 
+# %% ../nbs/02_checkpoints.ipynb #30dbd84d
 def _has_weights(d:Path)->bool:
     return any(any(d.glob(g)) for g in _WEIGHT_GLOBS)
 
+# %% ../nbs/02_checkpoints.ipynb #e6fcb6c9
 def resolve_model_dir(source:str|Path, # hub id ('openai/clip-vit-base-patch32') or local directory
                       revision:str|None=None, # hub revision (branch, tag or commit)
                       cache_dir:str|Path|None=None, # Hugging Face cache (default: huggingface_hub's)
@@ -115,6 +120,7 @@ def _weight_files(path:Path)->tuple[str, list[Path]]:
     if (path/'pytorch_model.bin').exists(): return 'bin', [path/'pytorch_model.bin']
     raise FusionError(f"no weights in {str(path)!r}: expected model.safetensors, a sharded index or pytorch_model.bin")
 
+# %% ../nbs/02_checkpoints.ipynb #ee333113
 def _load_bin(f:Path, name:str='')->dict[str, Tensor]:
     "A legacy pickled state dict, read with `weights_only=True` (memory-mapped when the format allows)."
     whose = f"model {name!r}: " if name and name != str(f) else ''
@@ -132,14 +138,17 @@ def _load_bin(f:Path, name:str='')->dict[str, Tensor]:
     if not isinstance(sd, Mapping): raise FusionError(f"{str(f)!r} does not hold a state dict (got {type(sd).__name__})")
     return {k: v for k, v in sd.items() if isinstance(v, Tensor)}
 
+# %% ../nbs/02_checkpoints.ipynb #8c37a1d2
 def _last(e:BaseException)->str: return (str(e).strip().splitlines() or [type(e).__name__])[-1]
 
+# %% ../nbs/02_checkpoints.ipynb #5d0ea83f
 def _bad_safetensors(f:Path, name:str, e:BaseException)->FusionError:
     whose = f"model {name!r}: " if name != str(f) else ''
     size = f.stat().st_size if f.exists() else 0
     return FusionError(f"{whose}{str(f)!r} is not a valid safetensors file ({'empty' if size == 0 else f'{size} bytes'}; "
                        f"{_last(e)}): it is truncated or corrupt. Download, build or save it again")
 
+# %% ../nbs/02_checkpoints.ipynb #9495003e
 class LazyStateDict(Mapping):
     "A state dict that reads one tensor per lookup from a checkpoint file or directory."
     def __init__(self,
@@ -258,6 +267,7 @@ def vision_config(source)->CLIPVisionConfig:
     if model_type == 'clip_vision_model': return CLIPVisionConfig.from_pretrained(d)
     raise FusionError(f"{str(source)!r} is a {model_type!r} model, not CLIP (config.json model_type)")
 
+# %% ../nbs/02_checkpoints.ipynb #1d42264c
 def check_vision_state_dict(state_dict:Mapping, # canonical vision state dict (plain or lazy)
                             config, # anything `vision_config` accepts
                             name:str|None=None, # name for messages (default: `state_dict.name`)
@@ -278,6 +288,7 @@ def check_vision_state_dict(state_dict:Mapping, # canonical vision state dict (p
             raise IncompatibleModelsError(f"{name!r}: tensor {k!r} has shape {list(shape)} but the config's "
                                           f"CLIPVisionModel expects {list(t.shape)}")
 
+# %% ../nbs/02_checkpoints.ipynb #ba7899d9
 def _no_init():
     "Context in which transformers skips random weight initialisation (every weight is loaded next)."
     try: from transformers.initialization import no_init_weights
@@ -286,6 +297,7 @@ def _no_init():
         except ImportError: return contextlib.nullcontext()
     return no_init_weights()
 
+# %% ../nbs/02_checkpoints.ipynb #652e1dd3
 def load_vision_model(source:str|Path|Mapping, # model dir / hub id, or a canonical state dict (then `config` is needed)
                       config=None, # CLIPVisionConfig, CLIPConfig or a model dir (default: `source`'s)
                       device=None, # torch device (default: cpu)
@@ -316,6 +328,7 @@ def _tensors(state_dict:Mapping, progress:bool=False)->dict[str, Tensor]:
         seen.add(ptr); out[k] = v
     return out
 
+# %% ../nbs/02_checkpoints.ipynb #78492782
 def save_state_dict(state_dict:Mapping, # any state dict, lazy or not
                     path:str|Path, # the .safetensors file to write
                     metadata:dict|None=None, # str → str metadata stored in the header
@@ -332,6 +345,7 @@ def save_state_dict(state_dict:Mapping, # any state dict, lazy or not
     with atomic_write(path, 'wb') as f: f.write(data)
     return Path(path)
 
+# %% ../nbs/02_checkpoints.ipynb #0eec3066
 VISION_MODEL_FILES = ('config.json', 'model.safetensors')  # what save_vision_model writes, and so may replace
 
 def save_vision_model(state_dict:Mapping, # canonical vision state dict (plain or lazy)

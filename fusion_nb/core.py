@@ -23,16 +23,20 @@ __all__ = ['PROGRESS_MODES', 'FusionError', 'IncompatibleModelsError', 'NonFinit
 class FusionError(Exception):
     "Base class of every error fusion_nb raises on bad input."
 
+# %% ../nbs/00_core.ipynb #8d441414
 class IncompatibleModelsError(FusionError, ValueError):
     "Checkpoints that cannot be combined: missing/extra keys, shape or dtype mismatch."
 
+# %% ../nbs/00_core.ipynb #bebb294f
 class NonFiniteError(FusionError, ValueError):
     "A tensor holds NaN or Inf."
 
+# %% ../nbs/00_core.ipynb #571aa488
 class UnknownNameError(FusionError, LookupError):
     "A method, task, profile or experiment name that is not registered."
     def __str__(self): return str(self.args[0]) if self.args else ""
 
+# %% ../nbs/00_core.ipynb #b899ada6
 class HyperparameterError(FusionError, ValueError):
     "A hyperparameter outside its valid range."
 
@@ -93,6 +97,7 @@ def seed_everything(seed:int)->torch.Generator:
     random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
 
+# %% ../nbs/00_core.ipynb #f790ea59
 def get_device(device:str|torch.device|None=None)->torch.device:
     "Resolve `device` (`None`/'auto' → cuda if available, else cpu) and check it exists."
     if device is None or str(device) == 'auto':
@@ -104,6 +109,7 @@ def get_device(device:str|torch.device|None=None)->torch.device:
                           "use device='cpu' (or 'auto')")
     return dev
 
+# %% ../nbs/00_core.ipynb #cec30f80
 _DTYPES = {'float32': torch.float32, 'fp32': torch.float32, 'float': torch.float32,
            'float16': torch.float16, 'fp16': torch.float16, 'half': torch.float16,
            'bfloat16': torch.bfloat16, 'bf16': torch.bfloat16, 'float64': torch.float64, 'fp64': torch.float64}
@@ -124,6 +130,7 @@ def current_umask()->int:
         m = os.umask(0o022); os.umask(m)
     return m
 
+# %% ../nbs/00_core.ipynb #54860914
 _TEMP = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[a-z0-9_]+\.tmp$')  # `.<name>.<pid>.<random or old>.tmp`
 
 def _alive(pid:int)->bool:
@@ -132,6 +139,7 @@ def _alive(pid:int)->bool:
     except PermissionError: pass   # another user's process: alive
     return True
 
+# %% ../nbs/00_core.ipynb #0fdba1ef
 def remove_stale_temps(folder:str|Path, # where atomic writes put their temporaries
                       )->list[Path]:
     "Remove the temporary files and folders that atomic writes of processes no longer running left in `folder`."
@@ -144,7 +152,6 @@ def remove_stale_temps(folder:str|Path, # where atomic writes put their temporar
             with contextlib.suppress(FileNotFoundError): p.unlink()
         gone.append(p)
     return gone
-
 
 # %% ../nbs/00_core.ipynb #3fb05ec8
 @contextlib.contextmanager
@@ -165,11 +172,11 @@ def atomic_write(path:str|Path, # destination file
         with contextlib.suppress(FileNotFoundError): os.unlink(tmp)
         raise
 
+# %% ../nbs/00_core.ipynb #bee86eb5
 def atomic_write_text(path:str|Path, text:str)->Path:
     "Write `text` to `path` atomically."
     with atomic_write(path, 'w', encoding='utf-8') as f: f.write(text)
     return Path(path)
-
 
 # %% ../nbs/00_core.ipynb #d49a9976
 @contextlib.contextmanager
@@ -182,6 +189,7 @@ def _folder_lock(folder:Path)->Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_EX); yield
     finally: os.close(fd)   # closing releases the lock
 
+# %% ../nbs/00_core.ipynb #d2d143b2
 @contextlib.contextmanager
 def atomic_dir(path:str|Path)->Iterator[Path]:
     "Yield a temporary folder beside `path`; on success it replaces `path` whole, on error it is removed."
@@ -200,7 +208,6 @@ def atomic_dir(path:str|Path)->Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
-
 # %% ../nbs/00_core.ipynb #cd22474b
 def _sha256_file(path:Path)->str:
     h = hashlib.sha256()
@@ -208,6 +215,7 @@ def _sha256_file(path:Path)->str:
         for block in iter(lambda: f.read(1 << 20), b''): h.update(block)
     return h.hexdigest()
 
+# %% ../nbs/00_core.ipynb #ae98528d
 def file_hashes(path:str|Path, # a file or a folder
                 cache_dir:str|Path|None=None, # where the hashes are kept between calls (None: hash everything)
                )->dict[str, str]:
@@ -274,6 +282,7 @@ def progress_mode(progress:bool=True, # progress wanted (`--no-progress`: False)
     isatty = getattr(stream or sys.stderr, 'isatty', None)
     return 'bars' if isatty is not None and isatty() else 'lines'
 
+# %% ../nbs/00_core.ipynb #c269fe05
 @contextlib.contextmanager
 def heartbeat(what:str, # the stage, as the lines name it
               log:Callable=print, # where the lines go

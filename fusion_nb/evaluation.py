@@ -49,6 +49,7 @@ def zeroshot_head(clip_model:CLIPModel, # pretrained CLIP (its text tower is use
     e = torch.cat(embs).view(len(class_names), len(templates), -1).mean(1)
     return F.normalize(e, dim=-1)
 
+# %% ../nbs/06_evaluation.ipynb #04ad72d5
 _HEADS = weakref.WeakKeyDictionary()   # pretrained CLIPModel → {(class names, templates, device): head}
 
 def task_head(model_pool, # a fusion_nb.pools.ModelPool (its pretrained CLIP and tokenizer)
@@ -122,6 +123,7 @@ class ImageTransform:
         return {'pixel_values': self.processor(images=images, return_tensors='pt')['pixel_values'],
                 'label': torch.as_tensor(batch['label'])}
 
+# %% ../nbs/06_evaluation.ipynb #689a1557
 def image_loader(dataset, # HF dataset with `image` and `label`
                  processor, # the pretrained model's image processor
                  batch_size:int=128, # images per batch
@@ -148,6 +150,7 @@ class TaskBatches(Dataset):
         t, start, stop = self.spans[i]
         return t, self.datasets[t][start:stop]
 
+# %% ../nbs/06_evaluation.ipynb #5e3a299e
 def task_batches(datasets:Mapping[str, object], processor, batch_size:int=128,
                  num_workers:int=0, # DataLoader worker processes, shared by all the tasks
                  pin_memory:bool=False, # pin batches (asynchronous copies to a GPU)
@@ -164,6 +167,7 @@ def _autocast(device:torch.device, autocast:str):
     if autocast not in AUTOCAST: raise HyperparameterError(f"autocast={autocast!r}: expected one of {', '.join(AUTOCAST)}")
     return torch.autocast(device.type, dtype=AUTOCAST[autocast]) if AUTOCAST[autocast] else contextlib.nullcontext()
 
+# %% ../nbs/06_evaluation.ipynb #7935aefe
 @torch.no_grad()
 def evaluate_task(classifiers:Mapping[str, nn.Module], # model name → classifier returning log-probabilities
                   loader:DataLoader, # batches of {'pixel_values', 'label'} (or (pixel_values, labels) pairs)
@@ -202,6 +206,7 @@ def _is_ensemble(x)->bool:
     "An ensemble spec: not a state dict, module or name, but an object with members, weights and combine."
     return not isinstance(x, (str, Mapping, nn.Module)) and all(hasattr(x, a) for a in ('members', 'weights', 'combine'))
 
+# %% ../nbs/06_evaluation.ipynb #f54d8202
 def _encoder(x, model_pool, cache:dict, row:str)->nn.Module:
     "The encoder for a pool name, module or state dict, loaded once per `cache`."
     if isinstance(x, str): x = model_pool.vision_state(x)
@@ -214,6 +219,7 @@ def _encoder(x, model_pool, cache:dict, row:str)->nn.Module:
         cache[key] = (enc, x)   # keep `x` alive while its id is a key
     return cache[key][0]
 
+# %% ../nbs/06_evaluation.ipynb #b4f55b95
 def _row(x, model_pool, combine:str, cache:dict, row:str)->tuple[list, list|None, str]:
     "(encoders, weights, combine) of what a row evaluates."
     if _is_ensemble(x):
@@ -224,6 +230,7 @@ def _row(x, model_pool, combine:str, cache:dict, row:str)->tuple[list, list|None
         return [_encoder(e, model_pool, cache, row) for e in x], None, combine
     return [_encoder(x, model_pool, cache, row)], None, combine
 
+# %% ../nbs/06_evaluation.ipynb #91040a35
 def _tasks_per_row(rows:list[str], tasks, task_pool)->dict[str, list[str]]:
     if tasks is None: per = {m: task_pool.names for m in rows}
     elif isinstance(tasks, Mapping):
@@ -236,6 +243,7 @@ def _tasks_per_row(rows:list[str], tasks, task_pool)->dict[str, list[str]]:
         for t in ts: task_pool[t]   # raises UnknownNameError naming the task
     return per
 
+# %% ../nbs/06_evaluation.ipynb #b74201dc
 def evaluate(models:Mapping[str, object], # row name → pool name, CLIPVisionModel, state dict, list of those (ensemble), or ensemble spec
              model_pool, # fusion_nb.pools.ModelPool (pretrained CLIP, tokenizer, image processor, device)
              task_pool, # fusion_nb.pools.TaskPool

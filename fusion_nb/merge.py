@@ -66,12 +66,12 @@ def method_defaults(name:str, # registered method name (or alias)
     "The hyperparameters of method `name` with their defaults, from its declaration."
     return MERGE_METHODS[name].defaults()
 
+# %% ../nbs/29_merge.ipynb #2ef30bd8
 def methods_table()->pd.DataFrame:
     "Every declared method once: name, label, kind, aliases, papers, defaults, module."
     ms = list({id(MERGE_METHODS[n]): MERGE_METHODS[n] for n in MERGE_METHODS.names()}.values())
     return pd.DataFrame([dict(method=m.name, label=m.label, kind=m.kind, aliases=', '.join(m.aliases), papers=', '.join(m.papers),
                               defaults=m.defaults(), module=m.__module__) for m in sorted(ms, key=lambda m: (KINDS.index(m.kind), m.name))])
-
 
 # %% ../nbs/29_merge.ipynb #41f3d6a2
 def merge(name:str, # registered method name, e.g. 'ties_merging'

@@ -43,6 +43,7 @@ def check_schema(ds:Dataset, # one split of a task dataset
                           f"got {type(ds.features['label']).__name__}")
     return ds
 
+# %% ../nbs/05_pools.ipynb #cf22163a
 def published_schema(ds:Dataset, # one split, as it was published
                     )->Dataset:
     "`ds` in the project's schema: `img` → `image` (uoft-cs/cifar10); a WordNet-id string `wnid` without `label` (axiong/imagenet-r) → a ClassLabel `label` named by WordNet id."
@@ -66,11 +67,13 @@ def _hub_split(source:str, split:str, task:str)->Dataset:
                           "Run where the Hugging Face Hub is reachable (and not HF_HUB_OFFLINE=1), or point the "
                           "profile at a local copy: a save_to_disk folder or a download in the hub's layout (a path starting with ./ or /).") from e
 
+# %% ../nbs/05_pools.ipynb #067e926f
 def _nonempty(ds:Dataset, source:str, split:str, task:str)->Dataset:
     "`ds`, unless it has no rows: an accuracy over nothing would be NaN, or a crash deep inside evaluation."
     if len(ds) == 0: raise FusionError(f"dataset of task {task!r}: split {split!r} of {source!r} is empty (0 examples)")
     return ds
 
+# %% ../nbs/05_pools.ipynb #62b13b76
 def local_dataset(source:str, # a local path, optionally `path:config`
                  )->tuple[Path, str|None]:
     "The folder and config name of a local dataset source (`./svhn:cropped_digits` → svhn, 'cropped_digits')."
@@ -79,10 +82,12 @@ def local_dataset(source:str, # a local path, optionally `path:config`
     if sep and '/' not in config and not path.exists() and Path(head).expanduser().exists(): return Path(head).expanduser(), config
     return path, None
 
+# %% ../nbs/05_pools.ipynb #4d725862
 def is_saved_dataset(path:Path)->bool:
     "Is `path` a folder written by `save_to_disk` (a DatasetDict or a Dataset)?"
     return (path/'dataset_dict.json').exists() or (path/'state.json').exists()
 
+# %% ../nbs/05_pools.ipynb #7f2ef93c
 def hub_layout_files(path:Path, # a folder as `hf download --repo-type dataset … --local-dir` writes it
                      config:str|None=None, # a config of its card's `configs:` (default: the card's default)
                      task:str='task')->tuple[str, dict[str, list[str]], datasets.Features|None]:
@@ -94,12 +99,12 @@ def hub_layout_files(path:Path, # a folder as `hf download --repo-type dataset �
                           f"with `configs:`){f' with a config {config!r}' if config else ''}: {e}") from None
     return type(b).__module__.split('.')[-1], {str(k): list(v) for k, v in (b.config.data_files or {}).items()}, b.info.features
 
+# %% ../nbs/05_pools.ipynb #e0595804
 def _hub_layout_split(path:Path, config:str|None, split:str, task:str)->Dataset:
     "One split of a folder in the hub's layout, loaded from its resolved files (a cache keyed by the folder name alone could mix two folders)."
     fmt, files, features = hub_layout_files(path, config, task)
     if split not in files: raise FusionError(f"dataset of task {task!r} has no split {split!r}; available splits: {', '.join(files)}")
     return load_dataset(fmt, data_files={split: files[split]}, split=split, features=features)
-
 
 # %% ../nbs/05_pools.ipynb #91eab172
 def load_split(source:str, # local folder (`save_to_disk`, or the hub's layout, `path:config`) or hub id[:config]

@@ -40,6 +40,7 @@ def _markdown_output(out:dict)->dict:
     if text.lstrip().startswith('---'): text = text.lstrip()[3:].lstrip('-').lstrip('\n')
     return {**out, 'data': {**out['data'], 'text/markdown': _QUARTO_LINK_ATTRS.sub(r'](\1){.show-doc-source}', text)}}
 
+# %% ../nbs/08_site.ipynb #88c47ecd
 def sphinx_cell(cell:dict, # a processed notebook's cell
                )->dict|None:
     "The cell as myst-nb reads it: Quarto options (`#| echo: false`) become tags, options stripped; None: not shown."
@@ -74,6 +75,7 @@ def page_name(rel:str, # the notebook's path under nbs/ (`methods/22_task_arithm
     out = frontmatter(nb).get('output-file')
     return (Path(rel).parent/Path(out or rel).stem).as_posix()
 
+# %% ../nbs/08_site.ipynb #aa619b7c
 def nav_sections(pages:dict, # notebook path under nbs/ → page name
                 )->list[tuple[str, list[str]]]:
     "Sidebar sections, (caption, pages): `library` for the top-level notebooks (the package's own modules), then one per folder, by name."
@@ -100,6 +102,7 @@ def docs_profiles(profile:str|None=None, # a profile name, `a,b` (first with a r
     if not names: raise FusionError(f"no docs profile in {profile!r}: give a profile name, e.g. tiny")
     return names
 
+# %% ../nbs/08_site.ipynb #4eba51f5
 def executed_run(experiment:str, # the experiment notebook's stem (`03_task_vector_cosine`)
                  outputs:str|Path, # the runner's outputs folder
                  profiles:list[str], # `docs_profiles()`
@@ -133,6 +136,7 @@ def _run_note(run:Path, outputs:Path)->str:
     return (f"```{{note}}\nThe outputs below are from the `{profile}` profile's run, `{outputs.name}/{profile}/{experiment}/run.ipynb`"
             f"{f', finished {finished}' if finished else ''} (`fusion-nb reproduce --profile {profile} --only {experiment}`).\n```")
 
+# %% ../nbs/08_site.ipynb #af3c4b5c
 def _clean_note(experiment:str, profiles:list[str])->str:
     "What an experiment page without outputs says: how to get them."
     return (f"```{{note}}\nThis page shows the notebook without outputs: no {' or '.join(f'`{p}`' for p in profiles)} run was found. "

@@ -43,6 +43,7 @@ class BenchmarkSource:
     token:bool = False      # lmms-eval loads it with token=True (a login: maybe gated; unverified from here)
     note:str = ''           # what the paper or lmms-eval does differently, what a user must provide
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #9498fe57
 def declare_benchmark(src:BenchmarkSource)->BenchmarkSource:
     "Check `src` and register it under its name."
     if src.role not in ROLES: raise FusionError(f"benchmark {src.name!r}: role must be one of {ROLES}, got {src.role!r}")
@@ -55,8 +56,10 @@ def _text(v)->str|None:
     s = str(v).strip()
     return None if s in ('', 'nan') else s
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #f3ae7464
 def _rgb(image): return image.convert('RGB')
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #2c713717
 def _letter_index(letter, letters:Sequence[str])->int|None:
     "Index of an answer letter among the option letters (None: unlabelled, e.g. a test split)."
     letters, letter = list(letters), _text(letter)
@@ -70,21 +73,25 @@ def mmbench_item(r)->OptionItem:
     return OptionItem(_rgb(r['image']), f"{hint} {r['question']}" if hint else r['question'],
                       [str(r[L]) for L in letters], _letter_index(r.get('answer'), letters))
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #27ba9857
 def option_layout_item(r)->OptionItem:
     "This project's own layout: image, question, options, answer index (−1: unlabelled)."
     return OptionItem(_rgb(r['image']), r['question'], list(r['options']), None if r['answer'] < 0 else int(r['answer']))
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #de7caba9
 def scienceqa_item(r)->OptionItem|None:
     "ScienceQA: the hint as 'Context: …' before the question, the choices, the answer index; rows without an image left out."
     if r['image'] is None: return None
     hint = _text(r.get('hint'))
     return OptionItem(_rgb(r['image']), f"Context: {hint}\n{r['question']}" if hint else r['question'], list(r['choices']), int(r['answer']))
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #471af1b6
 def seedbench_item(r)->OptionItem|None:
     "SEED-Bench: image questions with one image, choices a–d, the answer letter; video rows left out."
     if r['data_type'] != 'image' or len(r['image'] or []) != 1: return None
     return OptionItem(_rgb(r['image'][0]), r['question'], [r[f'choice_{c}'] for c in 'abcd'], _letter_index(r['answer'], 'ABCD'))
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #57f197bf
 def ai2d_item(r)->OptionItem:
     "AI2D: the question, its options, the answer index (a string in lmms-eval's copy)."
     return OptionItem(_rgb(r['image']), r['question'], list(r['options']), int(r['answer']))
@@ -111,14 +118,17 @@ def answers_item(instruction:str=SHORT_ANSWER_PROMPT)->Callable:
     "Rows with `answers`, a list of accepted strings (OKVQA, TextVQA, VizWiz)."
     return lambda r: ShortAnswerItem(_rgb(r['image']), r['question'], [str(a) for a in r['answers']], instruction)
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #6d067130
 def vqav2_item(r)->ShortAnswerItem:
     "VQAv2: the ten annotators' answers are records {answer, answer_confidence, answer_id}."
     return ShortAnswerItem(_rgb(r['image']), r['question'], [a['answer'] for a in r['answers']], SHORT_ANSWER_PROMPT)
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #97d71086
 def one_answer_item(r)->ShortAnswerItem:
     "One reference answer in `answer` (GQA, POPE's yes/no)."
     return ShortAnswerItem(_rgb(r['image']), r['question'], [str(r['answer'])], SHORT_ANSWER_PROMPT)
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #a82d7f43
 def mmmu_item(r)->ShortAnswerItem|None:
     "MMMU with one image: lettered options and the answer letter, or an open question and its answer(s)."
     if r.get('image_1') is None or r.get('image_2') is not None: return None
@@ -169,8 +179,10 @@ def parse_benchmark_specs(specs:str|Sequence[str]|Mapping[str, str|None], # 'mmb
         out[name] = (loc.strip() or None) if eq else None
     return out
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #de819d61
 def _is_local(loc:str)->bool: return str(loc).startswith(('./', '../', '/'))
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #8bd41c43
 def _location(name:str, loc:str|None, root:Path|None)->str|None:
     "A local location made absolute under `root`, a hub id as is, the declared hub copy when `loc` is None."
     if loc is None: return BENCHMARKS[name].hub_id
@@ -219,6 +231,7 @@ def benchmark_problems(specs, # what parse_benchmark_specs takes
         elif (p := _hub_problem(name, src, where, hub_reachable)): problems.append(p)
     return problems
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #58ea70e8
 def check_benchmarks(held_in=None, # the held-in sets (what parse_benchmark_specs takes); None: not checked
                      held_out=None, # the held-out sets; None: not checked
                      root:str|Path|None=None, hub_reachable:bool|None=None,
@@ -249,6 +262,7 @@ def _read_rows(src:BenchmarkSource, where:str):
     except Exception as e:
         raise FusionError(f"{src.name}: cannot load hub dataset {where!r} ({src.config or 'default config'}, split {src.split!r}): {e}") from e
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #f8226cc4
 def load_benchmark(name:str, # a declared set
                    location:str|None=None, # a local folder or another hub id (None: the declared hub copy)
                    n:int|None=None, # items to draw (None: every usable row)
@@ -284,6 +298,7 @@ def load_benchmarks(specs, # 'mmbench oodcv_vqa=./x …' (see parse_benchmark_sp
     check_benchmarks(**{role: specs}, root=root, hub_reachable=hub_reachable)
     return {name: load_benchmark(name, loc, n=n, seed=seed, root=root) for name, loc in parse_benchmark_specs(specs).items()}
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #fd89f709
 def save_benchmark(name:str, folder:str|Path, location:str|None=None)->Path:
     "Save a set's split (and its images, for GQA) from the hub as the folder `load_benchmark` reads offline."
     from datasets import DatasetDict

@@ -43,6 +43,7 @@ PROMPT_TEXTS = ['USER: ASSISTANT:', 'A B C D E F G H I J K L M N O P Q R S T U V
 
 def word_splitter(): return pre_tokenizers.Whitespace()  # words and runs of punctuation, as the tokenizer splits them
 
+# %% ../../nbs/llava/60_tiny_llava.ipynb #5717c821
 def llava_tokenizer(texts:Iterable[str], # sentences whose words the tokenizer must know (PROMPT_TEXTS is added)
                    )->PreTrainedTokenizerFast:
     "A word-level tokenizer with LLaVA's special tokens and chat template: one token per known word."
@@ -165,6 +166,7 @@ def llava_architecture(source:str|Path)->dict:
     cfg = LlavaConfig.from_pretrained(llava_dir(source))
     return {f"{sec or 'llava'}.{f}": getattr(cfg if sec is None else getattr(cfg, sec), f, None) for sec, fs in _ARCH_FIELDS.items() for f in fs}
 
+# %% ../../nbs/llava/60_tiny_llava.ipynb #3658afac
 def check_same_llava(sources:Mapping[str, str|Path], # name → hub id or LLaVA directory
                     )->dict:
     "The shared architecture of `sources`; raise `IncompatibleModelsError` naming the first model that differs."

@@ -31,6 +31,7 @@ class ShortAnswerItem:
     answers:Sequence[str] # references; a prediction matching any of them (normalised) is right
     instruction:str = SHORT_ANSWER_PROMPT # the line after the question (a set's own, e.g. MMMU's letter prompt)
 
+# %% ../../nbs/llava/64_short_answers.ipynb #2e80dff5
 def short_answer_messages(item:ShortAnswerItem)->list[dict]:
     "Chat messages asking `item` with its image and the short-answer instruction."
     return [{'role': 'user', 'content': [{'type': 'image'}, {'type': 'text', 'text': f"{item.question}\n{item.instruction}"}]}]
@@ -43,6 +44,7 @@ def normalize_answer(s:str)->str:
     s = ''.join(' ' if c in string.punctuation else c for c in s.lower())
     return ' '.join(w for w in s.split() if w not in _ARTICLES)
 
+# %% ../../nbs/llava/64_short_answers.ipynb #8bc3bd9c
 def is_match(prediction:str, answers:Sequence[str])->bool:
     "Does the normalised prediction equal one of the normalised answers?"
     return normalize_answer(prediction) in {normalize_answer(a) for a in answers}
@@ -66,6 +68,7 @@ def generate_answers(model, processor, # a LLaVA and its processor
         out += [t.strip() for t in processor.tokenizer.batch_decode(ids[:, batch['input_ids'].shape[1]:], skip_special_tokens=True)]
     return out
 
+# %% ../../nbs/llava/64_short_answers.ipynb #ad61eb5d
 def exact_match(model, processor, items:Sequence[ShortAnswerItem], **kw)->float:
     "Fraction of `items` whose generated answer matches a reference (NaN for no items)."
     if not items: return float('nan')
@@ -81,6 +84,7 @@ def short_answer_items(task:str, # a stand-in task of fusion_nb.tiny.tasks
     names = TASKS[task].classnames
     return [ShortAnswerItem(r['image'].convert('RGB'), SHORT_QUESTION, [names[r['label']]]) for r in build_split(task, split, n, seed)]
 
+# %% ../../nbs/llava/64_short_answers.ipynb #815023c9
 def yes_no_items(task:str, split:str='test', n:int=20, seed:int=0)->list[ShortAnswerItem]:
     "POPE-style probes: even items ask about the shown class (yes), odd ones about another class (no)."
     from fusion_nb.tiny.tasks import TASKS, build_split

@@ -30,12 +30,14 @@ def entropy(p:torch.Tensor, # probabilities along the last dimension
     "Shannon entropy in nats along the last dimension, with 0·log 0 = 0."
     return -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #4d1755bf
 def _check_probs(probs:torch.Tensor):
     if probs.ndim != 2 or probs.shape[0] < 1 or probs.shape[1] < 2:
         raise HyperparameterError(f"probs must be a (J ≥ 1 passes, K ≥ 2 options) matrix; got shape {tuple(probs.shape)}")
     if not torch.isfinite(probs).all() or (probs < 0).any() or not torch.allclose(probs.sum(-1), torch.ones(()).to(probs), atol=1e-4):
         raise FusionError("probs: every row must be a probability vector (finite, ≥ 0, summing to 1)")
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #05139ebb
 def perturbation_uncertainty(probs:torch.Tensor, # (J, K): option probabilities of J perturbed passes
                             )->float:
     "Eq. (1): entropy of the mean prediction minus the mean entropy of the predictions."
@@ -55,12 +57,14 @@ class OptionItem:
     options:Sequence[str] # the item's own options; EXTRA_OPTIONS are appended when prompting
     answer:int|None = None # index of the right option (None: unlabelled)
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #961b7708
 def all_options(item:OptionItem, extra:Sequence[str]=EXTRA_OPTIONS)->list[str]:
     "The item's options followed by the extra ones."
     opts = [*item.options, *extra]
     if len(opts) > len(LETTERS): raise HyperparameterError(f"{len(opts)} options do not fit in the letters A–Z")
     return opts
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #a21ea78e
 def option_prompt(item:OptionItem, extra:Sequence[str]=EXTRA_OPTIONS)->str:
     "The question, one line per lettered option, then the answer instruction (LLaVA-1.5's multiple-choice format)."
     lines = [f"{LETTERS[i]}. {o}" for i, o in enumerate(all_options(item, extra))]
@@ -79,6 +83,7 @@ def _magnitude(op:str, level:int, size:tuple[int, int])->float:
     if op == 'solarize': return 255. * (1 - level / (_BINS - 1))  # threshold
     return 0.
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #ba632b10
 def augment_op(img:Image.Image, # RGB image
                op:str, # one of AUGMIX_OPS
                magnitude:float, # shear factor, shift in pixels, degrees, or bits kept (posterize)
@@ -109,6 +114,7 @@ def augmix_combine(clean:np.ndarray, # the clean image, float
     mix = sum(w * c for w, c in zip(chain_weights, chains))
     return clean_weight * clean + (1 - clean_weight) * mix
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #138f5a71
 _SIGNED = {'shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate', 'brightness', 'color', 'contrast', 'sharpness'}  # random sign (torchvision's `signed`)
 
 def augmix(img:Image.Image, # the image to perturb
@@ -150,6 +156,7 @@ def attention_layers(model:torch.nn.Module)->list[torch.nn.Module]:
     lm = model.model.language_model if hasattr(model, 'model') and hasattr(model.model, 'language_model') else model
     return [m for m in lm.modules() if isinstance(getattr(m, 'attention_dropout', None), float)]
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #7fda55f8
 @contextlib.contextmanager
 def attention_dropout(model:torch.nn.Module, # a LLaVA (or any transformers LM)
                       p:float=ATTENTION_DROPOUT, # dropout rate on the attention probabilities
@@ -176,6 +183,7 @@ def letter_ids(tokenizer, # the processor's tokenizer
         raise FusionError(f"option letters {bad or list(LETTERS[:n])} are not single distinct tokens of {type(tokenizer).__name__}")
     return [i[0] for i in ids]
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #9e3fc98b
 @torch.no_grad()
 def letter_probs(model, processor, # a LLaVA and its processor
                  images:Sequence[Image.Image], # one image per pass
@@ -202,6 +210,7 @@ def check_perturbations(perturbations:Iterable[str], J:int)->tuple[str, ...]:
     if not isinstance(J, int) or J < 1: raise HyperparameterError(f"J={J!r} is out of range: the number of perturbed passes must be an integer ≥ 1")
     return perturbations
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #88225700
 def perturbed_inputs(item:OptionItem, J:int, perturbations:Sequence[str], rng:np.random.Generator,
                     )->tuple[list[Image.Image], list[str|None]]:
     "The `J` perturbed images and system prompts of `item` (unperturbed where a perturbation is off)."
@@ -212,6 +221,7 @@ def perturbed_inputs(item:OptionItem, J:int, perturbations:Sequence[str], rng:np
 # %% ../../nbs/llava/61_uncertainty.ipynb #40439fb5
 def _item_rng(seed:int, index:int)->np.random.Generator: return np.random.default_rng([seed, index])
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #4604236d
 def item_uncertainty(model, processor, # a LLaVA and its processor
                      item:OptionItem, # the question (its label is not used)
                      *,
@@ -244,12 +254,14 @@ def clean_answers(model, processor, # a LLaVA and its processor
         out += [int(p.argmax()) for p in letter_probs(model, processor, [it.image for it in chunk], prompts, [len(all_options(it)) for it in chunk])]
     return out
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #f167393a
 def answer_accuracy(model, processor, items:Sequence[OptionItem], batch_size:int=16)->float:
     "Accuracy of the clean answers on the labelled `items` (NaN if none is labelled)."
     labelled = [it for it in items if it.answer is not None]
     if not labelled: return float('nan')
     return float(np.mean([a == it.answer for a, it in zip(clean_answers(model, processor, labelled, batch_size), labelled)]))
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #d9b7846c
 @dataclass
 class UQReport:
     "A model's mean uncertainty over items, its accuracy on the labelled ones, and the per-item table."
@@ -258,6 +270,7 @@ class UQReport:
     answer_entropy:float # entropy (nats) of the clean answers' letters over items: 0 when every question gets the same letter
     items:pd.DataFrame = field(repr=False)
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #6106c75d
 def model_uncertainty(model, processor, # a LLaVA and its processor
                       items:Sequence[OptionItem], # held-in option questions
                       *,
@@ -300,6 +313,7 @@ def held_in_uncertainty(model, processor, # a LLaVA and its processor
     return {'uncertainty': float(np.mean([out[f'uncertainty:{n}'] for n in sets])), 'accuracy': float(np.mean(accs)) if accs else float('nan'),
             'answer_entropy': float(entropy(freq)), **out}
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #257f9323
 def as_held_in(sets)->dict[str, list[OptionItem]]:
     "Held-in sets as a name → questions dict (a plain sequence of questions is one set, 'held_in'); every set non-empty."
     sets = dict(sets) if isinstance(sets, Mapping) else {'held_in': list(sets)}

@@ -37,6 +37,7 @@ def _as_metrics(r)->dict:
     if isinstance(r, Mapping): return dict(r)
     return {k: v for k, v in vars(r).items() if isinstance(v, (int, float, str))}
 
+# %% ../../nbs/llava/62_uq_merge.ipynb #90302459
 def uq_merge_steps(models:Mapping[str, Any], # name → model (anything `uncertainty` and `merge_fn` accept)
                    uncertainty:Callable[[Any], float|Mapping], # UQ̄(model): a float, or a dict/report with 'uncertainty' and other metrics to record
                    merge_fn:Callable[[list[str]], Any], # names in merge order → merged model
@@ -82,6 +83,7 @@ _WEIGHT_FILES = ('*.safetensors', '*.bin', '*.safetensors.index.json', '*.bin.in
 
 def _takes(method:str, arg:str)->bool: return arg in inspect.signature(MERGE_METHODS[method]).parameters
 
+# %% ../../nbs/llava/62_uq_merge.ipynb #d9f33f08
 def merge_llava(method:str, # a registered merge method, e.g. 'linear', 'ties_merging', 'task_arithmetic'
                 models:Mapping[str, str|Path], # name → LLaVA directory / hub id
                 out_dir:str|Path, # the merged LLaVA directory to (re)create
@@ -113,6 +115,7 @@ def merge_llava(method:str, # a registered merge method, e.g. 'linear', 'ties_me
         atomic_write_text(tmp/'fusion_nb_merge.json', json.dumps(info, indent=2))
     return Path(out_dir)
 
+# %% ../../nbs/llava/62_uq_merge.ipynb #8bfd9f61
 def _check_llava_out(out_dir, ref_dir:Path)->list[str]:
     "The reference's non-weight files to copy; `FusionError` if `out_dir` holds files merge_llava does not write (never deleted)."
     names = [f.name for f in ref_dir.iterdir() if f.is_file() and not any(f.match(g) for g in _WEIGHT_FILES)]
@@ -124,6 +127,7 @@ def _check_llava_out(out_dir, ref_dir:Path)->list[str]:
                                   "merge_llava did not write and replacing the folder would delete: choose a new or empty folder")
     return names
 
+# %% ../../nbs/llava/62_uq_merge.ipynb #35366e0f
 def _llava_rule(m, pretrained, models, hparams, ref_name, ref)->Callable:
     "merge_tensor for every tensor: `m`'s rule on the adapter and language model (over those parts only), the reference's vision tower."
     parts = {n: llava_state_dict(s) for n, s in models.items()}
@@ -141,7 +145,6 @@ def _llava_rule(m, pretrained, models, hparams, ref_name, ref)->Callable:
         if key in merged_keys: return rule(key, p, {n: ts[n] for n in models})
         return p if ref_name == 'pretrained' else ts[ref_name]   # the vision tower: the reference's, as it is
     return merge_tensor
-
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #d6ebf404
 @dataclass
@@ -164,6 +167,7 @@ def question_key(sets:Mapping[str, Sequence[OptionItem]])->str:
             h.update(f'{it.image.mode} {it.image.size}'.encode()); h.update(it.image.tobytes())
     return h.hexdigest()[:16]
 
+# %% ../../nbs/llava/62_uq_merge.ipynb #8f9b8106
 _MARKER = 'fusion_nb_merge.json'  # merge_llava writes it into every merged directory
 
 def _check_merged_dir(final:Path, names:set[str]|None=None):
@@ -176,6 +180,7 @@ def _check_merged_dir(final:Path, names:set[str]|None=None):
     if foreign: raise HyperparameterError(f"{final} holds {foreign[0]}, which uq_merge did not write: move it away or choose "
                                           "another out_dir; nothing was deleted")
 
+# %% ../../nbs/llava/62_uq_merge.ipynb #03b5570a
 def uq_merge(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
              items:Mapping[str, Sequence[OptionItem]]|Sequence[OptionItem], # held-in set name → option questions for UQ̄ (a plain list: one set); labels only give the accuracy
              out_dir:str|Path, # receives the selected merge (out_dir/merged, a LLaVA directory) and uq_merge.json
@@ -240,6 +245,7 @@ def draw_selections(names:Sequence[str], # the models to draw from
     rng = np.random.default_rng([seed, 404])
     return [[names[i] for i in sorted(rng.choice(len(names), k, replace=False).tolist())] for _ in range(draws)]
 
+# %% ../../nbs/llava/62_uq_merge.ipynb #15bd2795
 def random_selections(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
                       k:int, # models per selection (UQ-Merge's selection size)
                       items:Mapping[str, Sequence[OptionItem]]|Sequence[OptionItem], # held-in sets (uncertainty and accuracy: means over sets)

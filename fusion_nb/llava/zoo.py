@@ -41,6 +41,7 @@ def supervised_example(processor, # the LLaVA's processor
     n = b.input_ids.shape[1]
     return dict(input_ids=b.input_ids[0].tolist() + tgt, labels=[-100] * n + tgt, pixel_values=b.pixel_values[0])
 
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #39e2514c
 def collate(examples:Sequence[dict], pad_id:int)->dict:
     "Right-pad a list of examples into a batch (labels padded with −100, attention mask 0)."
     L = max(len(e['input_ids']) for e in examples)
@@ -59,6 +60,7 @@ def caption_examples(processor, n:int, tasks:Sequence[str], seed:int=0)->list[di
                                            add_generation_prompt=True)
     return [supervised_example(processor, img, prompt, cap) for img, cap in pretraining_corpus(n, seed=seed, tasks=list(tasks))]
 
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #c94887d2
 def instruction_examples(processor, items:Sequence[OptionItem],
                          noise:float=0., # fraction of answers replaced by another option's letter (random label noise)
                          seed:int=0,
@@ -108,6 +110,7 @@ def n_classes(task:str)->int:
     from fusion_nb.tiny.tasks import TASKS
     return len(TASKS[task].classnames)
 
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #4e437568
 def permuted_labels(n:int, # number of classes
                     seed:int=0)->list[int]:
     "A seeded derangement of range(n): a label map in which no class keeps its own label."
@@ -117,6 +120,7 @@ def permuted_labels(n:int, # number of classes
         p = rng.permutation(n).tolist()
         if all(p[i] != i for i in range(n)): return p
 
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #f417c141
 def class_order_items(tasks:Sequence[str], split:str, n:int, seed:int=0)->list[OptionItem]:
     "`n` questions per task with every class an option, in class order (the zoo's format)."
     return [it for t in tasks for it in option_items(t, split, n, n_options=n_classes(t), seed=seed, shuffle=False)]
@@ -180,6 +184,7 @@ def _variant_examples(proc, recipe:dict, n:int, seed:int)->list[dict]:
     return [e for t in recipe['tasks'] for e in task_examples(proc, t, per if k is None else per * n_classes(t), noise=recipe['noise'], label_map=lm(t), seed=seed,
                                                                keep_class=None if k is None else k % n_classes(t))]
 
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #0d1442c6
 def build_llava_zoo(root:str|Path, # folder receiving random/, pretrained/, base/, one folder per variant and manifest.json
                     tasks:Sequence[str], # the zoo's tasks: the tokenizer's vocabulary, the general stage and the clean variants
                     *,
@@ -241,6 +246,7 @@ def zoo_digest(recipe:Mapping)->str:
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #8755aff9
 def llava_zoo(cache:str|Path, # folder holding one zoo-<digest>/ per recipe (e.g. data/tiny/llava)
               recipe:Mapping|None=None, # build_llava_zoo's arguments; default ZOO
               progress:bool=True,

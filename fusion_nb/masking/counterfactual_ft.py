@@ -71,6 +71,7 @@ def _subset_index(subset:Sequence[int]|None, num_classes:int, device=None)->Tens
         raise FusionError(f"class subset {idx.tolist()[:10]}{'…' if len(idx) > 10 else ''}: expected distinct class indices in 0..{num_classes - 1}")
     return idx
 
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #b533f4eb
 def subset_predictions(logits:Tensor, # (batch, classes) over the full label space
                        subset:Sequence[int]|None=None, # the classes a test set covers (None: all)
                       )->Tensor:
@@ -78,6 +79,7 @@ def subset_predictions(logits:Tensor, # (batch, classes) over the full label spa
     idx = _subset_index(subset, logits.shape[-1], logits.device)
     return idx[logits[:, idx].argmax(-1)]
 
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #a848a52c
 def subset_accuracy(logits:Tensor, labels:Tensor, subset:Sequence[int]|None=None)->float:
     "Top-1 accuracy when predictions are restricted to `subset` (every label must lie in it)."
     idx = _subset_index(subset, logits.shape[-1], logits.device)
@@ -128,6 +130,7 @@ def _typed(v, kind:type):
     if x != int(x): raise ValueError(v)
     return int(x)
 
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #a5288f4c
 def finetune_budget(profile=None, # a fusion_nb.reproduce.profiles.Profile: its `finetune_*` keys override the paper's
                     **overrides, # finetune_<field>=value (None: not given), e.g. papermill parameters
                    )->dict:
@@ -153,12 +156,14 @@ def encoder_logits(encoder:CLIPVisionModel, logits:ZeroShotLogits, pixels:Tensor
     return torch.cat([logits(encoder(pixel_values=pixels[i:i + batch_size].to(device)).pooler_output).float().cpu()
                       for i in range(0, len(pixels), batch_size)]) if len(pixels) else torch.zeros(0, logits.head.shape[0])
 
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #52dfad56
 def dataset_pixels(processor, dataset, # an HF dataset with `image`
                    idx:Sequence[int]|Tensor, # rows to preprocess
                   )->Tensor:
     "(len(idx), 3, H, W) preprocessed images of the rows `idx` only: ImageNet's 1.28 M images are never decoded at once."
     return pixel_values(processor, dataset.select([int(i) for i in idx])['image'])
 
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #a979e5c5
 @torch.no_grad()
 def dataset_logits(encoder:CLIPVisionModel, logits:ZeroShotLogits, processor, dataset, idx:Sequence[int]|Tensor,
                    batch_size:int=512, device=None)->Tensor:
@@ -168,6 +173,7 @@ def dataset_logits(encoder:CLIPVisionModel, logits:ZeroShotLogits, processor, da
              for i in range(0, len(idx), batch_size)]
     return torch.cat(parts) if parts else torch.zeros(0, logits.head.shape[0])
 
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #6aafbabb
 @dataclass
 class FineTuneResult:
     "The selected encoder and head, its validation accuracy and step, and one history row per step (losses, lr, validation)."
@@ -188,6 +194,7 @@ def _split(n:int, val_size:int)->tuple[Tensor, Tensor]:
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED))
     return perm[val_size:], perm[:val_size]
 
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #3aa066ec
 def _cf_term(cfg, student, teacher, zs, frozen, x, y, patch_size, g):
     "(β·MSE(f̂(x_cf), f(x_cf)), its MSE, the CAM relevance masked by or None) for a batch; `frozen` holds f̂'s projection."
     # a refill takes patches from the batch's other images: a one-image batch (the last of an epoch when
@@ -348,6 +355,7 @@ class EncoderLogits(nn.Module):
     def __init__(self, encoder:nn.Module, logits:nn.Module): super().__init__(); self.encoder, self.logits = encoder, logits
     def forward(self, pixel_values:Tensor)->Tensor: return self.logits(self.encoder(pixel_values=pixel_values).pooler_output)
 
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #15e4eac3
 @torch.no_grad()
 def classifier_accuracy(classifiers:dict, # row name → module: pixel values → logits over `class_names`
                         test_sets:dict, # test-set name → HF dataset (`image`, `label` ClassLabel)
@@ -375,6 +383,7 @@ def classifier_accuracy(classifiers:dict, # row name → module: pixel values �
         records += [{'model': r, 'task': name, 'metric': 'accuracy', 'value': c / n} for r, c in correct.items()]
     return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value'])
 
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #c3bbc1f7
 @torch.no_grad()
 def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
                     clip:CLIPModel, tokenizer, processor, # the pre-trained CLIP (projection, logit scale, text tower)

@@ -63,6 +63,7 @@ def _image_folder_split(src, keep, crop):
         return {'image': im, 'label': new[e['label']]}
     return ds.filter(lambda y: y in new, input_columns='label').map(relabel).cast_column('label', ClassLabel(names=kept))
 
+# %% ../../nbs/masking/43_imagenet_data.ipynb #136961ae
 def save_image_folders(src:str|Path|dict, # a folder of class folders (ObjectNet's images/, ImageNet-V2's 0 … 999, …), or split → folder
                        out:str|Path, # where to save the DatasetDict (a profile's dataset.<task>)
                        split:str='test', # the split name the profile evaluates (when `src` is one folder)
@@ -117,6 +118,7 @@ def missing_sources(profile, # a fusion_nb.reproduce.profiles.Profile with datas
         elif (p := _hub_problem(t, src, reachable, cached_missing, catalog)): problems.append(f"{p} Or {how}.")
     return problems
 
+# %% ../../nbs/masking/43_imagenet_data.ipynb #6ba342cb
 def check_sources(profile, # a fusion_nb.reproduce.profiles.Profile
                   tasks:Sequence[str], # the tasks about to be read
                   *, hub_reachable:bool|None=None, # default: ask the hub (fusion_nb.reproduce.profiles.hub_reachable)
@@ -136,6 +138,7 @@ class IdText:
     wnids:list[str]|None = None    # WordNet ids, in label order (None: match test sets by name only)
     aliases:list[list[str]] = ()   # other names of the ID classes (the ID dataset's ClassLabel names)
 
+# %% ../../nbs/masking/43_imagenet_data.ipynb #14cc0a77
 def id_text(profile, # a Profile: `class_names` says `catalog` (CLIP's ImageNet text) or `dataset`
             task:str, # the ID task's name
             dataset_names:Sequence[str], # the ID dataset's ClassLabel names, in label order

@@ -40,11 +40,13 @@ def patch_grid(pixel_values:Tensor, # (batch, channels, H, W)
                           f"(each side must be a multiple of the patch size)")
     return h // patch_size, w // patch_size
 
+# %% ../../nbs/masking/41_masks.ipynb #2d459b22
 def patchify(pixel_values:Tensor, patch_size:int)->Tensor:
     "(batch, patches, channels·p·p): the patches, row by row, as CLIP numbers them."
     patch_grid(pixel_values, patch_size)
     return F.unfold(pixel_values, kernel_size=patch_size, stride=patch_size).transpose(1, 2)
 
+# %% ../../nbs/masking/41_masks.ipynb #d2df3647
 def unpatchify(patches:Tensor, patch_size:int, size:tuple[int, int])->Tensor:
     "The inverse of `patchify`: (batch, channels, *size)."
     return F.fold(patches.transpose(1, 2), output_size=tuple(size), kernel_size=patch_size, stride=patch_size)
@@ -57,6 +59,7 @@ def object_mask(relevance:Tensor, # (batch, patches) CAM scores in [0, 1]
     check_range('threshold', threshold, 0, 1)
     return relevance > threshold
 
+# %% ../../nbs/masking/41_masks.ipynb #d104a5f1
 def context_mask(relevance:Tensor, # (batch, patches) CAM scores in [0, 1]
                  threshold:float=0.5, # t: patches scoring at most it are masked
                 )->Tensor:
@@ -64,6 +67,7 @@ def context_mask(relevance:Tensor, # (batch, patches) CAM scores in [0, 1]
     check_range('threshold', threshold, 0, 1)
     return relevance <= threshold
 
+# %% ../../nbs/masking/41_masks.ipynb #283b253e
 def random_mask(batch:int, num_patches:int, # mask shape
                 rate:float=0.5, # r: the proportion masked (section 4.2: 0.25, 0.5, 0.75)
                 generator:torch.Generator|None=None, device=None,
@@ -83,6 +87,7 @@ def _donors(shape:tuple, batch:int, generator, device)->Tensor:
     i = torch.arange(batch).view(-1, *[1] * (len(shape) - 1))
     return ((i + torch.randint(1, batch, shape, generator=generator)) % batch).to(device)
 
+# %% ../../nbs/masking/41_masks.ipynb #e77d174e
 def single_fill(pixel_values:Tensor, mask:Tensor, # (batch, C, H, W) images; (batch, patches) patches to refill
                 patch_size:int, generator:torch.Generator|None=None)->Tensor:
     "Masked patches of each image replaced by the same positions of one other image of the batch."
@@ -90,6 +95,7 @@ def single_fill(pixel_values:Tensor, mask:Tensor, # (batch, C, H, W) images; (ba
     donor = _donors((len(patches),), len(patches), generator, patches.device)
     return unpatchify(torch.where(mask[..., None], patches[donor], patches), patch_size, pixel_values.shape[-2:])
 
+# %% ../../nbs/masking/41_masks.ipynb #c742d510
 def multi_fill(pixel_values:Tensor, mask:Tensor, patch_size:int, generator:torch.Generator|None=None)->Tensor:
     "Masked patches each replaced by the same position of an independently drawn other image of the batch."
     patches = patchify(pixel_values, patch_size)
@@ -124,6 +130,7 @@ class Counterfactuals:
     mask:Tensor           # (batch, patches) bool: the masked patches
     keep:Tensor|None      # (batch, patches) bool for no-fill, else None
 
+# %% ../../nbs/masking/41_masks.ipynb #b70dfbc1
 def counterfactuals(pixel_values:Tensor, # (batch, 3, H, W) the factual images x
                     patch_size:int, # the ViT's patch size
                     masking:str='object', # one of MASKINGS (the paper's best: 'object', table 1)
@@ -148,6 +155,7 @@ def counterfactuals(pixel_values:Tensor, # (batch, 3, H, W) the factual images x
     fill = single_fill if refill == 'single' else multi_fill
     return Counterfactuals(fill(pixel_values, mask, patch_size, generator), mask, None)
 
+# %% ../../nbs/masking/41_masks.ipynb #647bca57
 def counterfactual_features(encoder:CLIPVisionModel, logits:ZeroShotLogits, cf:Counterfactuals)->Tensor:
     "f(x_cf): (batch, D) projected image embeddings of the counterfactual images (masked tokens dropped for no-fill)."
     pooled = encoder(pixel_values=cf.pixel_values).pooler_output if cf.keep is None else encode_kept(encoder, cf.pixel_values, cf.keep)
@@ -161,6 +169,7 @@ def patch_mask_pixels(mask:Tensor, # (batch, patches) bool, patches row by row
     if mask.shape[-1] != rows * cols: raise FusionError(f"a mask of {mask.shape[-1]} patches does not fit a {rows}×{cols} grid")
     return mask.view(-1, rows, cols).repeat_interleave(patch_size, 1).repeat_interleave(patch_size, 2)
 
+# %% ../../nbs/masking/41_masks.ipynb #e285bb74
 def masking_metrics(mask:Tensor, # (batch, patches) masked patches
                     object_pixels:Tensor, # (batch, H, W) bool: the object's pixels (M_seg)
                     patch_size:int)->dict[str, float]:

@@ -43,6 +43,7 @@ def _vision_config(sd:dict, heads:int|None)->dict:
     return dict(hidden_size=vw, intermediate_size=sd['visual.transformer.resblocks.0.mlp.c_fc.weight'].shape[0], num_hidden_layers=_layers(sd, 'visual.transformer.resblocks.'),
                 num_attention_heads=heads or vw // 64, image_size=grid * patch, patch_size=patch, hidden_act='quick_gelu', layer_norm_eps=1e-5)
 
+# %% ../../nbs/masking/44_openai_clip.ipynb #49223883
 def openai_clip_config(sd:dict, # an OpenAI-format CLIP (ViT) state dict
                        vision_heads:int|None=None, text_heads:int|None=None, # default: width / 64, as OpenAI's build_model
                       )->CLIPConfig:
@@ -101,6 +102,7 @@ def load_openai_state(path:str|Path)->dict[str, Tensor]:
     if 'classification_head.weight' in sd: sd = {k.removeprefix('model.'): v for k, v in sd.items()}   # model soups' ModelWrapper: model.<CLIP>
     return sd
 
+# %% ../../nbs/masking/44_openai_clip.ipynb #94636d42
 def openai_clip_model(source:str|Path|dict, # a `.pt` file or an OpenAI-format state dict
                       vision_heads:int|None=None, text_heads:int|None=None)->CLIPModel:
     "transformers' CLIPModel holding an OpenAI-format CLIP checkpoint's weights (every tensor used, none missing)."
@@ -121,6 +123,7 @@ class SoupClassifier(nn.Module):
         f = self.visual_projection(self.vision_model(pixel_values=pixel_values).pooler_output)
         return self.head(f / f.norm(dim=-1, keepdim=True))
 
+# %% ../../nbs/masking/44_openai_clip.ipynb #13d94c15
 def official_soup_classifier(source:str|Path|dict, # an official model-soups `.pt` file or its (averaged) state dict
                              vision_heads:int|None=None)->SoupClassifier:
     "An official model-soups checkpoint as a classifier with its own head (no text tower needed)."
@@ -134,6 +137,7 @@ def official_soup_classifier(source:str|Path|dict, # an official model-soups `.p
     head.weight.data, head.bias.data = w, sd['classification_head.bias'].float()
     return SoupClassifier(vm, proj, head).eval()
 
+# %% ../../nbs/masking/44_openai_clip.ipynb #baa876ff
 def official_uniform_soup(sources:Sequence[str|Path], # the official checkpoints' `.pt` files
                           vision_heads:int|None=None)->SoupClassifier:
     "The uniform soup of official model-soups checkpoints: every tensor averaged (the head too), read one file at a time."
@@ -144,4 +148,3 @@ def official_uniform_soup(sources:Sequence[str|Path], # the official checkpoints
         if avg is not None and sd.keys() != avg.keys(): raise FusionError(f"{s}: not the same tensors as {sources[0]}")
         avg = sd if avg is None else {k: avg[k] + sd[k] for k in avg}
     return official_soup_classifier({k: v / len(sources) for k, v in avg.items()}, vision_heads)
-

@@ -75,6 +75,7 @@ GRANULARITIES = ('task', 'layer')
 def _coefficient_shape(granularity:str, st:StackedTaskVectors)->tuple:
     return (len(st.tasks),) if check_choice('granularity', granularity, GRANULARITIES) == 'task' else (len(st.tasks), len(st.keys))
 
+# %% ../../nbs/methods/33_adamerging.ipynb #313774ce
 def save_coefficients(path:str|Path, coefficients:Tensor, st:StackedTaskVectors, **meta)->Path:
     "Save learned coefficients (safetensors) with the tasks and tensor keys they belong to."
     info = {'tasks': st.tasks, 'keys': st.keys, **meta}
@@ -82,6 +83,7 @@ def save_coefficients(path:str|Path, coefficients:Tensor, st:StackedTaskVectors,
     with atomic_write(path, 'wb') as f: f.write(blob)
     return Path(path)
 
+# %% ../../nbs/methods/33_adamerging.ipynb #136e73ee
 def load_coefficients(path:str|Path, st:StackedTaskVectors|None=None)->tuple[Tensor, dict]:
     "Coefficients saved by `save_coefficients`, checked against the tasks and keys of `st`."
     from safetensors import safe_open
@@ -99,12 +101,12 @@ def adamerging_step_loss(st:StackedTaskVectors, coefficients:Tensor, data:MergeD
     params = st.merge(coefficients, mask)
     return sum(entropy_loss(data.logits(t, x, params=params)) for t, x in batches.items())
 
+# %% ../../nbs/methods/33_adamerging.ipynb #3b971202
 def batched_logits(data:MergeData, params:Mapping[str, Tensor], batches:Mapping[str, Tensor])->dict[str, Tensor]:
     "Logits per task from ONE encoder forward of the concatenated batches under the shared weights `params`."
     x = torch.cat([b.to(data.heads.scale.device) for b in batches.values()])
     pooled = functional_call(data.encoder, dict(params), args=(), kwargs={'pixel_values': x}, strict=False).pooler_output
     return {t: data.heads(p, t) for t, p in zip(batches, pooled.split([len(b) for b in batches.values()]))}
-
 
 # %% ../../nbs/methods/33_adamerging.ipynb #b551e4c0
 ACTIVATION_BUDGET = 24 * 2**30   # bytes of saved activations per forward chunk (a quarter of an 80 GB GPU)
@@ -120,13 +122,13 @@ def saved_bytes_per_image(config)->int:
         return total[0]
     return saved(2) - saved(1)   # the weights are saved once per forward, whatever the batch
 
+# %% ../../nbs/methods/33_adamerging.ipynb #87e35528
 def auto_tasks_per_forward(data:MergeData, batch_size:int, n_tasks:int, budget:int|None=None)->int:
     "The most tasks whose `batch_size`-image batches fit one forward within `budget` bytes of saved activations."
     config = getattr(getattr(data, 'model_pool', None), 'config', None)
     if config is None: return n_tasks
     per_task = saved_bytes_per_image(config) * batch_size
     return max(1, min(n_tasks, int((ACTIVATION_BUDGET if budget is None else budget) // per_task)))
-
 
 # %% ../../nbs/methods/33_adamerging.ipynb #6e54c3e4
 def adamerging_backward(st:StackedTaskVectors, coefficients:Tensor, data:MergeData, batches:Mapping[str, Tensor],
@@ -233,12 +235,14 @@ def _adamerging_output_weights(result, names, hp):
     lam = c if c.ndim == 1 else c.mean(1)   # every learned coefficient one vote, whatever the size of its tensor
     return OutputWeights(dict(zip(result.info['tasks'], lam.tolist())), note='' if c.ndim == 1 else f'mean over {c.shape[1]} tensors')
 
+# %% ../../nbs/methods/33_adamerging.ipynb #93b2e429
 task_wise_adamerging = declare(MergeMethod(
     'task_wise_adamerging', 'Task-wise AdaMerging', 'Task arithmetic with one coefficient per task, learned by test-time entropy minimisation.', 'test-time',
     hypers=ADAMERGING_HYPERS, fuse=partial(adamerging, granularity='task'), papers={'000': {}, '001': {}}, budgets=_ADA_BUDGETS,
     artefact='.safetensors', aliases=('adamerging_task_wise',), output_weights=_adamerging_output_weights))
+
+# %% ../../nbs/methods/33_adamerging.ipynb #131f2e43
 layer_wise_adamerging = declare(MergeMethod(
     'layer_wise_adamerging', 'Layer-wise AdaMerging', 'Task arithmetic with one coefficient per task and tensor, learned by test-time entropy minimisation.', 'test-time',
     hypers=ADAMERGING_HYPERS, fuse=partial(adamerging, granularity='layer'), papers={'000': {}, '001': {}}, budgets=_ADA_BUDGETS,
     artefact='.safetensors', aliases=('adamerging_layer_wise',), output_weights=_adamerging_output_weights))
-

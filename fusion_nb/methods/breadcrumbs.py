@@ -24,6 +24,7 @@ def sign_consensus(deltas:Tensor, # (n_experts, ...) weighted task vectors
     "mergekit's sum consensus: entries whose sign equals sgn(Σᵢ δᵢ) (≥ 0 read as +); zeros never agree."
     return torch.where(deltas.sum(0) >= 0, deltas > 0, deltas < 0)   # boolean temporaries: a float sign() would take 4× the memory
 
+# %% ../../nbs/methods/40_breadcrumbs.ipynb #998ae48f
 def gta_mix(deltas:Tensor, # (n_experts, ...) sparsified task vectors
             weights:Tensor, # (n_experts,) wᵢ
             consensus:bool, # elect signs and keep the agreeing entries (the `_ties` variants)
@@ -51,6 +52,7 @@ def l1_rescaled(tau:Tensor, # a task-vector tensor before masking
     before, after = tau.abs().sum(), kept.abs().sum()
     return kept * (before / after) if before >= 1e-7 and after >= 1e-7 else kept
 
+# %% ../../nbs/methods/40_breadcrumbs.ipynb #d2d3846c
 def stable_lowest(a:Tensor, # a flat tensor
                   k:int, # how many entries
                  )->Tensor:
@@ -63,6 +65,7 @@ def stable_lowest(a:Tensor, # a flat tensor
     mask[tied[:k - int(mask.sum())]] = True
     return mask
 
+# %% ../../nbs/methods/40_breadcrumbs.ipynb #4de43af9
 def magnitude_outliers(tau:Tensor, # a task-vector tensor
                        density:float, # fraction of entries kept, (0, 1]
                        gamma:float=0.01, # fraction of the largest entries removed
@@ -97,6 +100,7 @@ def gta_rule(sparsify:Callable|None, # (name, key, τ, hp) → sparsified τ; No
         return merge_tensor
     return rule
 
+# %% ../../nbs/methods/40_breadcrumbs.ipynb #c123dd10
 def gta_hypers(normalize:bool, rescale:bool, rescale_doc:str)->dict:
     "The hyperparameters every generalized-task-arithmetic method has, with mergekit's defaults for this method."
     return {'weight': Hyper(1.0, 'wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off',
@@ -110,6 +114,7 @@ def gta_hypers(normalize:bool, rescale:bool, rescale_doc:str)->dict:
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #c86d0a69
 def _breadcrumbs_sparsify(name, key, tau, hp): return magnitude_outliers(tau, hp['density'], hp['gamma'], hp['rescale'])
 
+# %% ../../nbs/methods/40_breadcrumbs.ipynb #4bf1d783
 BREADCRUMBS_HYPERS = {**gta_hypers(False, False, 'rescale the kept entries to the L1 norm before masking'),
                       'gamma': Hyper(0.01, 'fraction of the largest entries removed', "mergekit's breadcrumbs tensor parameter",
                                      float, interval='[0, 1]')}
@@ -119,6 +124,7 @@ breadcrumbs = declare(MergeMethod(
     'breadcrumbs', 'Model Breadcrumbs', 'θ = θ₀ + Σᵢ wᵢ·band(τᵢ): drop the largest γ and the smallest entries of each task vector, per tensor.',
     'training-free', hypers=BREADCRUMBS_HYPERS, rule=gta_rule(_breadcrumbs_sparsify, consensus=False), papers={'sota': SOTA_BREADCRUMBS}))
 
+# %% ../../nbs/methods/40_breadcrumbs.ipynb #1d289f75
 breadcrumbs_ties = declare(MergeMethod(
     'breadcrumbs_ties', 'Model Breadcrumbs (TIES)', 'Breadcrumbs bands, then TIES sign election: Σ of the agreeing wᵢ·band(τᵢ), per tensor.',
     'training-free', hypers=BREADCRUMBS_HYPERS, rule=gta_rule(_breadcrumbs_sparsify, consensus=True), papers={'sota': SOTA_BREADCRUMBS}))

@@ -24,6 +24,7 @@ def low_rank(x:Tensor, # (m, n) matrix
     u, s, vh = svd(x)
     return u[:, :k] @ torch.diag(s[:k]) @ vh[:k]
 
+# %% ../../nbs/methods/51_cart.ipynb #ad0c22a3
 def cart_matrix(ws:list[Tensor], # the experts' weights of one layer, each (m, n)
                 rank_ratio:float=0.08, # k / r
                 scaling:float=1.0, # λ
@@ -41,6 +42,7 @@ def _cart_rule(pretrained, experts, hp, info, runtime):
         return cart_matrix(ws, hp['rank_ratio'], hp['scaling']) if ws[0].ndim == 2 else sum(ws) / len(ws)
     return merge_tensor
 
+# %% ../../nbs/methods/51_cart.ipynb #4c3d9d0d
 cart = declare(MergeMethod(
     'cart', 'CART', 'Centred task arithmetic with rank-reduced task vectors: per matrix θ̄ + λ Σᵢ SVD_k(θᵢ − θ̄); other tensors θ̄.',
     'training-free',

@@ -49,6 +49,7 @@ def save_mask(path:str|Path, logits:Mapping[str, Tensor], **meta)->Path:
     with atomic_write(path, 'wb') as f: f.write(blob)
     return Path(path)
 
+# %% ../../nbs/methods/35_concrete.ipynb #49d04c15
 def load_mask(path:str|Path, st:StackedTaskVectors|None=None)->dict[str, Tensor]:
     "Mask logits saved by `save_mask`, checked against the tensors of `st`."
     logits = load_file(str(path))
@@ -57,9 +58,11 @@ def load_mask(path:str|Path, st:StackedTaskVectors|None=None)->dict[str, Tensor]
         if bad: raise IncompatibleModelsError(f"mask in {str(path)!r} does not fit this pool: tensors {bad[:3]} differ")
     return logits
 
+# %% ../../nbs/methods/35_concrete.ipynb #048453b0
 def _init_logits(st:StackedTaskVectors, value:float)->dict[str, nn.Parameter]:
     return {k: nn.Parameter(torch.full_like(st.pre[k], float(value))) for k in st.keys}
 
+# %% ../../nbs/methods/35_concrete.ipynb #4e7c4542
 def _check(temperature, lr, steps, batch_size):
     if not (temperature > 0 and math.isfinite(temperature)): raise HyperparameterError(f"temperature={temperature!r} must be > 0")
     if not (lr > 0 and math.isfinite(lr)): raise HyperparameterError(f"lr={lr!r} must be a positive number")
@@ -113,6 +116,7 @@ def _final_mask(logits, temperature, seed):
     "The evaluation mask: one seeded continuous sample, rescaled (FusionBench's eval_mask_type: continuous)."
     with torch.no_grad(): return sample_mask(logits, temperature, torch.Generator().manual_seed(seed + 1))
 
+# %% ../../nbs/methods/35_concrete.ipynb #4fc4e399
 def _concrete_task_arithmetic(pretrained:Mapping, experts:Mapping, *,
                              data:MergeData|None=None, # heads and unlabelled test streams (not needed with `mask`)
                              scaling_factor:float=0.3, # λ (paper 000)
@@ -139,6 +143,7 @@ def _concrete_task_arithmetic(pretrained:Mapping, experts:Mapping, *,
     out.info.update(method='concrete_task_arithmetic', history=history, tasks=st.tasks, mask_logits=logits)
     return out
 
+# %% ../../nbs/methods/35_concrete.ipynb #53d11994
 def _concrete_layer_wise_adamerging(pretrained:Mapping, experts:Mapping, *,
                                    data:MergeData|None=None, # heads and unlabelled test streams
                                    init:float=0.3, temperature:float=0.5, initial_logits:float=0.,
@@ -194,6 +199,7 @@ concrete_task_arithmetic = declare(MergeMethod(
     fuse=_concrete_task_arithmetic, papers={'000': {}}, budgets={'steps': 'concrete_ta_steps', 'lr': 'concrete_lr', 'batch_size': 'tta_batch_size'},
     artefact='.mask.safetensors'))
 
+# %% ../../nbs/methods/35_concrete.ipynb #249e73f1
 concrete_layer_wise_adamerging = declare(MergeMethod(
     'concrete_layer_wise_adamerging', 'Concrete Layer-wise AdaMerging', 'Layer-wise AdaMerging inside a shared Concrete mask learned by bi-level test-time entropy minimisation.', 'test-time',
     hypers={'init': Hyper(0.3, 'initial coefficient', 'paper 000', float), **_CONCRETE_COMMON,
@@ -205,4 +211,3 @@ concrete_layer_wise_adamerging = declare(MergeMethod(
             'coefficients': Hyper(None, 'learned coefficients: skip AdaMerging too')},
     fuse=_concrete_layer_wise_adamerging, papers={'000': {}}, artefact='.mask.safetensors', aliases=('concrete_adamerging_layer_wise',),
     budgets={'steps': 'concrete_lw_steps', 'lr': 'concrete_lr', 'adamerging_steps': 'adamerging_steps', 'adamerging_lr': 'adamerging_lr', 'batch_size': 'tta_batch_size'}))
-

@@ -22,6 +22,7 @@ def tall_task_masks(taus:Tensor, # (n_tasks, ...) task vectors of one tensor
     "Each task's TALL mask |τₜ| ≥ λ·|Σₛ τₛ − τₜ| (bool, same shape as `taus`)."
     return taus.abs() >= lam * (taus.sum(0) - taus).abs()
 
+# %% ../../nbs/methods/44_consensus.ipynb #013c8e74
 def consensus_mask(taus:Tensor, # (n_tasks, ...) task vectors
                    lam:float, # λ of the TALL masks
                    k:int, # least number of tasks whose masks must hold a weight
@@ -37,6 +38,7 @@ def _consensus_ta_rule(pretrained, experts, hp, info, runtime):
         return pre + hp['scaling_factor'] * consensus_mask(taus, hp['tall_lambda'], hp['consensus_k']) * taus.sum(0)
     return merge_tensor
 
+# %% ../../nbs/methods/44_consensus.ipynb #552aae07
 def _consensus_ties_rule(pretrained, experts, hp, info, runtime):
     "Per tensor θ₀ + α·m_cons ⊙ τ_TIES (TIES with λ = 1, its thresholds over the whole model)."
     ties = _ties_rule(pretrained, experts, {**hp, 'scaling_factor': 1.0, 'delta_transform': None, 'thresholds': None}, info, runtime)
@@ -57,6 +59,7 @@ consensus_ta = declare(MergeMethod(
     'consensus_ta', 'Consensus TA', 'θ = θ₀ + α·m_cons ⊙ Σₜ τₜ, m_cons: weights in at least k tasks\' TALL masks.', 'training-free',
     hypers=CONSENSUS_HYPERS, rule=_consensus_ta_rule, min_experts=1, papers={'sota': {}}))
 
+# %% ../../nbs/methods/44_consensus.ipynb #10285b0a
 consensus_ties = declare(MergeMethod(
     'consensus_ties', 'Consensus TIES', 'θ = θ₀ + α·m_cons ⊙ τ_TIES (top-20 % per task, elected signs, disjoint sum).', 'training-free',
     hypers={**CONSENSUS_HYPERS, 'k': TIES_HYPERS['k'],

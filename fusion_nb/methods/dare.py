@@ -31,6 +31,7 @@ def dare_drop(tau:Tensor, # a task-vector tensor
     out = torch.where(keep, tau, torch.zeros_like(tau))
     return out / (1 - p) if rescale else out
 
+# %% ../../nbs/methods/24_dare.ipynb #acb4223c
 def dare_transform(p:float, # drop probability
                    seed:int, # random seed
                    rescale:bool=True, # rescale the kept entries by 1/(1 − p)
@@ -54,19 +55,21 @@ def _dare_task_arithmetic_rule(pretrained, experts, hp, info, runtime):
         return out
     return merge_tensor
 
+# %% ../../nbs/methods/24_dare.ipynb #9fdc1ffe
 dare_task_arithmetic = declare(MergeMethod(
     'dare_task_arithmetic', 'DARE (TA)', 'θ = θ₀ + λ Σᵢ DARE(τᵢ): task arithmetic on randomly dropped-and-rescaled task vectors.', 'training-free',
     hypers={**DARE_HYPERS, 'scaling_factor': Hyper(0.3, 'λ', "FusionBench's dare/task_arithmetic.yaml", float)},
     rule=_dare_task_arithmetic_rule, aliases=('dare',), papers={'004': {}}))
 
+# %% ../../nbs/methods/24_dare.ipynb #5bbc3443
 def _dare_ties_rule(pretrained, experts, hp, info, runtime):
     "TIES on DARE-sparsified task vectors: drop and rescale first, then trim, elect, disjoint merge."
     return _ties_rule(pretrained, experts, {**hp, 'thresholds': None, 'delta_transform': dare_transform(hp['p'], hp['seed'], hp['rescale'])}, info, runtime)
 
+# %% ../../nbs/methods/24_dare.ipynb #283760a4
 dare_ties = declare(MergeMethod(
     'dare_ties', 'DARE (TIES)', 'TIES-merging of DARE-sparsified task vectors.', 'training-free',
     hypers={**DARE_HYPERS, **{k: TIES_HYPERS[k] for k in ('k', 'trim_scope')},
             'scaling_factor': Hyper(0.5, 'λ', "FusionBench's dare/ties_merging.yaml", float),
             'disjoint': Hyper('sum', "'mean' or 'sum'", "FusionBench's dare/ties_merging.yaml", str, choices=('mean', 'sum'))},
     rule=_dare_ties_rule, papers={'004': {}}))
-

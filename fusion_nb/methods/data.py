@@ -61,6 +61,7 @@ def encoder_logits(encoder:nn.Module, # a CLIPVisionModel (or anything returning
     out = encoder(pixel_values=x) if params is None else functional_call(encoder, dict(params), args=(), kwargs={'pixel_values': x}, strict=False)
     return heads(out.pooler_output, task)
 
+# %% ../../nbs/methods/30_data.ipynb #265ea097
 def entropy_loss(logits:Tensor, # (batch, classes)
                 )->Tensor:
     "Mean Shannon entropy (nats) of the softmax of `logits`: AdaMerging's unsupervised objective."
@@ -73,6 +74,7 @@ def _loader(ds, processor, batch_size:int, shuffle:bool, seed:int, num_workers:i
     return DataLoader(ds.with_transform(ImageTransform(processor), columns=['image', 'label']), batch_size=batch_size,
                       shuffle=shuffle, generator=g, num_workers=num_workers)
 
+# %% ../../nbs/methods/30_data.ipynb #0de4c2d3
 def labelled_batches(task, # a fusion_nb.pools.Task
                      processor, # the pretrained model's image processor
                      n_samples:int=256, # examples drawn (paper 000: 256)
@@ -86,6 +88,7 @@ def labelled_batches(task, # a fusion_nb.pools.Task
     ds = task.load(split=split, max_samples=n_samples, seed=seed)
     for b in _loader(ds, processor, batch_size, False, seed, num_workers): yield b['pixel_values'], b['label']
 
+# %% ../../nbs/methods/30_data.ipynb #6e20c034
 def unlabelled_stream(task, # a fusion_nb.pools.Task
                       processor, # the pretrained model's image processor
                       batch_size:int=16, # images per batch (paper 000: 16 per task per step)

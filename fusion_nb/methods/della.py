@@ -28,6 +28,7 @@ def check_della(density:float, epsilon:float)->None:
         raise HyperparameterError(f"epsilon={epsilon!r} with density={density!r} gives keep probabilities in "
                                   f"[{density - epsilon:g}, {density + epsilon:g}]; they must lie in (0, 1]")
 
+# %% ../../nbs/methods/25_della.ipynb #ff898fe4
 def magprune_probabilities(tau:Tensor, # a task-vector tensor
                            density:float, # mean keep probability
                            epsilon:float, # half-width of the window of keep probabilities
@@ -41,6 +42,7 @@ def magprune_probabilities(tau:Tensor, # a task-vector tensor
     ranks = torch.empty_like(order).scatter_(1, order, torch.arange(n, device=order.device).expand_as(order)).to(tau.dtype)
     return ((density - epsilon) + 2 * epsilon * ranks / (n - 1)).reshape(tau.shape)
 
+# %% ../../nbs/methods/25_della.ipynb #5dd87ed8
 def magprune(tau:Tensor, # a task-vector tensor
              density:float, # mean keep probability
              epsilon:float, # half-width of the window of keep probabilities
@@ -68,6 +70,7 @@ def _della_rule(pretrained, experts, hp, info, runtime):
         return pre + hp['scaling_factor'] * elect_and_merge(pruned, list(ts), 'mean')  # same seed → same mask on both calls
     return merge_tensor
 
+# %% ../../nbs/methods/25_della.ipynb #eae18245
 della = declare(MergeMethod(
     'della', 'DELLA', 'DELLA: MagPrune each task vector (rank-based keep probabilities, rescale 1/pⱼ), elect signs, disjoint mean, scale by λ.', 'training-free',
     hypers={'density': Hyper(0.7, 'mean keep probability', 'DELLA README: drop rate 0.3', float, interval='(0, 1]'),
@@ -76,4 +79,3 @@ della = declare(MergeMethod(
             'seed': Hyper(0, 'random seed of the masks', type=int),
             'rescale': Hyper(True, 'rescale kept entries by 1/pⱼ', 'DELLA paper, §3', bool)},
     rule=_della_rule, papers={'004': {}}))
-

@@ -39,6 +39,7 @@ class EnsembleSpec:
     def __len__(self): return len(self.members)
     def __repr__(self): return f"EnsembleSpec({self.combine}: {', '.join(f'{n}={w:.3g}' for n, w in self.weights.items())})"
 
+# %% ../../nbs/methods/28_ensemble.ipynb #3e16d4b0
 def is_ensemble(obj)->bool:
     "Is `obj` an ensemble spec (to be evaluated member by member) rather than a state dict?"
     return isinstance(obj, EnsembleSpec)
@@ -54,9 +55,9 @@ def _ensemble(pretrained, experts, *, weights, combine, check):
     w = {n: v / total for n, v in w.items()}
     return EnsembleSpec(dict(experts), w, combine, pretrained, info=dict(weights=w))
 
+# %% ../../nbs/methods/28_ensemble.ipynb #8cdf1b37
 ensemble = declare(MergeMethod(
     'ensemble', 'Ensemble (outputs)', 'Output-space ensemble of the experts, as a spec the evaluation runs member by member.', 'output-space',
     hypers={'weights': Hyper(None, 'per-member weights (default uniform); normalised to sum to 1', type=float, per_expert=True),
             'combine': Hyper('probs', "'probs' (mean of softmax, paper 002) or 'logits'", 'paper 002 §5 (ensembles)', str, choices=('probs', 'logits'))},
     fuse=_ensemble, needs_pretrained=False, papers={'002': {}}))
-

@@ -33,6 +33,7 @@ def _log_likelihood(logits_fn:Callable)->Callable:
         return logp.gather(0, y.reshape(1).to(logp.device)).sum()
     return f
 
+# %% ../../nbs/methods/31_fisher.ipynb #1fa9f5df
 def fisher_information(logits_fn:Callable[[Mapping[str, Tensor], Tensor], Tensor], # (params, inputs) → logits (batch, classes)
                        params:Mapping[str, Tensor], # the weights the Fisher is taken at (and differentiated)
                        batches:Iterable[tuple[Tensor, Tensor]], # (inputs, labels) batches
@@ -83,6 +84,7 @@ def fisher_norm(fisher:Mapping[str, Tensor])->float:
     "Global L2 norm of a whole model's Fisher, over all its tensors."
     return math.sqrt(sum(float(f.double().pow(2).sum()) for f in fisher.values()))
 
+# %% ../../nbs/methods/31_fisher.ipynb #49aedd20
 class FisherSum:
     "Running Σᵢ λᵢcᵢ(Fᵢ+ε)⊙θᵢ and Σᵢ λᵢcᵢ(Fᵢ+ε): Fisher merging one model at a time."
     def __init__(self,
@@ -120,6 +122,7 @@ class FisherSum:
             out[k] = self.num[k] / self.den[k]
         return out
 
+# %% ../../nbs/methods/31_fisher.ipynb #b15eae56
 def fisher_merge(params_by_model:Mapping[str, Mapping[str, Tensor]]|Sequence[Mapping[str, Tensor]], # per model: key → tensor
                  fishers:Mapping[str, Mapping[str, Tensor]]|Sequence[Mapping[str, Tensor]], # per model: key → diagonal Fisher
                  *,
@@ -148,12 +151,14 @@ def _param_keys(module:nn.Module, ref:Mapping)->dict[str, str]:
         else: raise IncompatibleModelsError(f"the models have no tensor for the encoder's parameter {n!r}")
     return out
 
+# %% ../../nbs/methods/31_fisher.ipynb #4120c188
 def _check_data(method:str, data, names:Sequence[str])->None:
     if data is None: raise HyperparameterError(f"{method} needs `data` (a fusion_nb.methods.data.MergeData) to compute its statistics")
     missing = [n for n in names if n not in data.heads.tasks]
     if missing: raise HyperparameterError(f"{method}: experts are keyed by task, but the data has no task {missing} "
                                           f"(tasks: {', '.join(data.heads.tasks)})")
 
+# %% ../../nbs/methods/31_fisher.ipynb #82c22ca9
 def data_merge_setup(method:str, pretrained, experts:dict, data, check:bool, device)->tuple:
     "What Fisher merging and RegMean start from: the data checked, the compute device, the encoder and its parameter → key map and dtypes."
     names = list(experts)

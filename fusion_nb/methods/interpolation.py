@@ -39,12 +39,12 @@ def _slerp_rule(pretrained, experts, hp, info, runtime):
     info['models'] = [a, b]
     return lambda key, pre, ts: slerp_tensor(ts[a], ts[b], hp['t'], hp['dot_threshold'])
 
+# %% ../../nbs/methods/27_interpolation.ipynb #c7270629
 slerp = declare(MergeMethod(
     'slerp', 'SLERP', 'SLERP between exactly two models, tensor by tensor.', 'training-free',
     hypers={'t': Hyper(0.5, 'interpolation position in [0, 1]', "FusionBench's slerp.yaml", float, interval='[0, 1]'),
             'dot_threshold': Hyper(0.9995, '|cos Ω| above which tensors are interpolated linearly', "mergekit's slerp", float, interval='[0, 1]')},
     rule=_slerp_rule, needs_pretrained=False, min_experts=2, max_experts=2))
-
 
 # %% ../../nbs/methods/27_interpolation.ipynb #73b9165c
 def _wise_ft_rule(pretrained, experts, hp, info, runtime):
@@ -53,13 +53,14 @@ def _wise_ft_rule(pretrained, experts, hp, info, runtime):
     info['model'] = name
     return lambda key, pre, ts: (1 - alpha) * pre + alpha * ts[name]
 
+# %% ../../nbs/methods/27_interpolation.ipynb #71e4073c
 def _wise_ft_output_weights(result, names, hp):
     "α on the fine-tuned model's outputs, 1 − α on the zero-shot model's (the output-space WiSE-FT)."
     return OutputWeights({names[0]: hp['alpha']})
 
+# %% ../../nbs/methods/27_interpolation.ipynb #f72264db
 wise_ft = declare(MergeMethod(
     'wise_ft', 'WiSE-FT', 'WiSE-FT: θ = (1 − α)·θ_zero-shot + α·θ_fine-tuned.', 'training-free',
     hypers={'alpha': Hyper(0.5, 'mixing coefficient α', "paper 003's default (WiSE-FT α = 0.5)", float, interval='[0, 1]')},
     rule=_wise_ft_rule, min_experts=1, max_experts=1, propagates_nonfinite=True, papers={'003': {}},
     output_weights=_wise_ft_output_weights))
-

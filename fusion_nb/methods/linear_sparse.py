@@ -24,6 +24,7 @@ def dare_sparsify(name, key, tau, hp):
     kept = dare_drop(tau, 1 - hp['density'], tensor_generator(hp['seed'], 'dare_linear', name, key), rescale=False)
     return l1_rescaled(tau, kept) if hp['rescale'] else kept
 
+# %% ../../nbs/methods/41_linear_sparse.ipynb #cb9438fa
 def magprune_sparsify(name, key, tau, hp):
     "MagPrune with mean keep probability `density` and window ±ε; with `rescale`, back to τ's L1 norm."
     d, eps = hp['density'], hp['epsilon']
@@ -41,6 +42,7 @@ dare_linear = declare(MergeMethod(
     'training-free', hypers={**gta_hypers(False, True, "scale the kept entries back to τ's L1 norm (mergekit's rescale)"), 'seed': _SEED},
     rule=gta_rule(dare_sparsify, consensus=False), papers={'sota': dict(weight=0.3, density=0.5)}))
 
+# %% ../../nbs/methods/41_linear_sparse.ipynb #4c94d9d3
 della_linear = declare(MergeMethod(
     'della_linear', 'DELLA (linear, mergekit)', 'θ = θ₀ + Σᵢ wᵢ·MagPrune(τᵢ): magnitude-ranked keep probabilities, rescaled; no sign election.',
     'training-free', hypers={**gta_hypers(False, True, "scale the kept entries back to τ's L1 norm (mergekit's rescale)"), 'seed': _SEED,

@@ -42,6 +42,7 @@ def output_weights(method:str, # a declared method name (or alias)
     given = {k: v for k, v in info.items() if k in m.hypers} if hp is None else dict(hp)
     return m.output_weights(result, list(names), m.resolve(given)).check(list(names), m.name)
 
+# %% ../../nbs/methods/38_merge_vs_ensemble.ipynb #2043ca70
 def ensemble_methods()->list[str]:
     "The declared methods that have an output-space counterpart."
     return [n for n in MERGE_METHODS.names() if MERGE_METHODS[n].name == n and MERGE_METHODS[n].output_weights is not None]
@@ -56,6 +57,7 @@ class RoutedEnsemble:
     info:dict=field(default_factory=dict)
     def __len__(self): return len(self.members)
 
+# %% ../../nbs/methods/38_merge_vs_ensemble.ipynb #26c6d69d
 def output_ensemble(pretrained, # θ₀ (state dict); needed when its weight is not 0
                     experts:Mapping, # name → expert state dict (or pool name), in pool order
                     weights:OutputWeights, # from `output_weights`, or made by hand
@@ -170,6 +172,7 @@ def gap_table(records:pd.DataFrame, # tidy records of `merge_ensemble_gap`
     out = pd.concat({'Mer.': mer, 'Ens.': ens, 'Gap': (mer - ens).abs()}, axis=1).swaplevel(0, 1, axis=1)
     return out[[(c, k) for c in mer.columns for k in MEASURES]]
 
+# %% ../../nbs/methods/38_merge_vs_ensemble.ipynb #34f93ed1
 def printable_gap_table(table:pd.DataFrame, # from `gap_table`
                         single:Sequence[str]=('pretrained', 'finetuned'), # single-model rows: one number spans the three columns
                         decimals:int=2)->pd.DataFrame:

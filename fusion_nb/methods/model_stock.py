@@ -25,6 +25,7 @@ def model_stock_ratio(cos:float, # (mean) cosine between the task vectors
     den = 1 + (k - 1) * cos
     return 0.0 if abs(den) < 1e-12 else k * cos / den
 
+# %% ../../nbs/methods/26_model_stock.ipynb #bb2bb26f
 def pairwise_cosines(taus:Tensor, # (k, d) task vectors (rows)
                     )->Tensor:
     "Cosine of every pair of rows (i < j), 0 for a pair with a zero-norm row, clamped to [−1, 1]."
@@ -35,6 +36,7 @@ def pairwise_cosines(taus:Tensor, # (k, d) task vectors (rows)
         out.append(taus.new_zeros(()) if den == 0 else (taus[i] @ taus[j] / den).clamp(-1, 1))
     return torch.stack(out)
 
+# %% ../../nbs/methods/26_model_stock.ipynb #70f5b6cd
 def mean_cosine(taus:Tensor, # (k, d) task vectors
                 reduction:str='cosine', # 'cosine': mean of pairwise cosines (mergekit); 'angle': cosine of the mean pairwise angle (FusionBench)
                )->float:
@@ -52,15 +54,16 @@ def _model_stock_rule(pretrained, experts, hp, info, runtime):
         return t * (sum(ts.values()) / k) + (1 - t) * pre
     return merge_tensor
 
+# %% ../../nbs/methods/26_model_stock.ipynb #7e86218d
 def _model_stock_output_weights(result, names, hp):
     "t̄/k on each expert's outputs and 1 − t̄ on θ₀'s, t̄ the mean of the per-tensor ratios (each tensor one vote, as AdaMerging's layers)."
     t = sum(result.info['ratios'].values()) / len(result.info['ratios'])
     return OutputWeights({n: t / len(names) for n in names}, note=f'mean ratio over {len(result.info["ratios"])} tensors')
 
+# %% ../../nbs/methods/26_model_stock.ipynb #5409ddb9
 model_stock = declare(MergeMethod(
     'model_stock', 'Model Stock', 'Model Stock: per tensor, θ = t·mean(θᵢ) + (1 − t)·θ₀ with t = k·cos θ / (1 + (k − 1)·cos θ).', 'training-free',
     hypers={'reduction': Hyper('cosine', "for k > 2: 'cosine' (mean pairwise cosine, mergekit) or 'angle' (mean pairwise angle, FusionBench)",
                                'mergekit model_stock', str, choices=('cosine', 'angle'))},
     rule=_model_stock_rule, min_experts=2, propagates_nonfinite=True, papers={'004': {}},
     output_weights=_model_stock_output_weights))
-

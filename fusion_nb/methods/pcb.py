@@ -24,6 +24,7 @@ def _minmax(x:Tensor, lo:Tensor, hi:Tensor)->Tensor:
     r = hi - lo
     return torch.where(r > 0, (x - lo) / torch.where(r > 0, r, torch.ones_like(r)), torch.zeros_like(x))
 
+# %% ../../nbs/methods/45_pcb.ipynb #944e1b22
 def pcb_scores(taus:Tensor, # (n, d) task vectors
                lo:Tensor, hi:Tensor, # (n, 1) each task's clamp bounds of |τ|
               )->tuple[Tensor, Tensor]:
@@ -31,6 +32,7 @@ def pcb_scores(taus:Tensor, # (n, d) task vectors
     a = torch.maximum(torch.minimum(taus.abs(), hi), lo)
     return taus.sign() * a, torch.exp(len(taus) * _minmax(a, lo, hi) ** 2) * torch.tanh(taus * taus.sum(0))
 
+# %% ../../nbs/methods/45_pcb.ipynb #e18a0ef2
 def pcb_combine(clamped:Tensor, scores:Tensor, # from `pcb_scores`
                 s_lo:Tensor, s_hi:Tensor, # (n, 1) each task's score quantile at 1 − r and its maximum
                )->Tensor:
@@ -38,6 +40,7 @@ def pcb_combine(clamped:Tensor, scores:Tensor, # from `pcb_scores`
     s = _minmax(torch.maximum(torch.minimum(scores, s_hi), s_lo), s_lo, s_hi)
     return (s * clamped).sum(0) / s.sum(0).clamp(min=1e-12)
 
+# %% ../../nbs/methods/45_pcb.ipynb #77c382a9
 def ascending_at(x:Tensor, i:int)->Tensor:
     "Each row's i-th smallest value, as an (n, 1) column (i = −1: the largest, as the authors' indexing gives for d = 1)."
     return x.sort(dim=1).values[:, i].unsqueeze(1)
@@ -87,6 +90,7 @@ def _pcb_rule(pretrained, experts, hp, info, runtime):
         return pre + hp['scaling_factor'] * pcb_combine(clamped, s, s_lo, s_hi).reshape(pre.shape)
     return merge_tensor
 
+# %% ../../nbs/methods/45_pcb.ipynb #d8b110ac
 pcb_merging = declare(MergeMethod(
     'pcb_merging', 'PCB Merging', 'PCB: intra- and inter-balanced scores, top-r per task, score-weighted mean of the task vectors, scaled by λ.',
     'training-free', hypers={

@@ -45,6 +45,7 @@ def as_state_dict(model:Mapping|nn.Module, # a state dict, a lazy state dict or 
     if isinstance(model, Mapping): return model
     raise TypeError(f"{name}: expected a state dict (Mapping of tensors) or an nn.Module, got {type(model).__name__}")
 
+# %% ../../nbs/methods/20_registry.ipynb #ca2b96cb
 def check_pool(experts:Mapping|Sequence, # name → model, or a sequence of models (named model_0, model_1, ...)
                method:str='merge', # method name, used in the messages
                min_experts:int=1, # fewest experts the method accepts
@@ -72,15 +73,18 @@ def tensor_dtype(sd:Mapping, key:str)->torch.dtype:
     "dtype of `sd[key]`, from the header for lazy state dicts (`fusion_nb.algebra.tensor_meta`)."
     return tensor_meta(sd, key)[1]
 
+# %% ../../nbs/methods/20_registry.ipynb #bb0b8682
 def compute_dtype(dtype:torch.dtype)->torch.dtype:
     "The dtype merging arithmetic runs in: float64 stays float64, every other float becomes float32."
     return torch.float64 if dtype == torch.float64 else torch.float32
 
+# %% ../../nbs/methods/20_registry.ipynb #cd514b3d
 def all_finite(t:Tensor)->bool:
     "Does `t` hold no NaN/Inf? (One reduction pass: a finite sum proves it; only a non-finite sum is looked at closely.)"
     if not t.is_floating_point() or t.numel() == 0: return True
     return math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all())
 
+# %% ../../nbs/methods/20_registry.ipynb #8c2d8a00
 def read_tensor(sd:Mapping, # state dict (plain or lazy)
                 key:str, # tensor key
                 name:str, # model name, used in the error message
@@ -107,11 +111,13 @@ def check_models(pretrained:Mapping|None, # θ₀ (or None)
         models = {pname: pretrained, **models}
     check_compatible(models, check_finite=False)
 
+# %% ../../nbs/methods/20_registry.ipynb #bcd24c08
 def _aliases(t:Tensor, inputs)->bool:
     "Does `t` share memory with one of `inputs`?"
     return any(x is not None and (x is t or (x.device == t.device and x.numel() and x.data_ptr() == t.data_ptr()))
                for x in inputs)
 
+# %% ../../nbs/methods/20_registry.ipynb #01ca8ed6
 def merge_streaming(pretrained:Mapping|None, # θ₀: pretrained state dict (plain or lazy), or None
                     experts:dict[str, Mapping], # name → expert state dict (plain or lazy)
                     merge_tensor:Callable, # (key, θ₀ tensor or None, {name: expert tensor}) → merged tensor
@@ -194,6 +200,7 @@ def check_choice(name:str, # hyperparameter name
         raise HyperparameterError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}")
     return value
 
+# %% ../../nbs/methods/20_registry.ipynb #11cc59a3
 def expert_weights(weights:Mapping|Sequence|float|None, # per-expert weights: dict by name, list in pool order, one number, or None
                    names:Sequence[str], # expert names in pool order
                    default:float, # weight used when `weights` is None
@@ -223,6 +230,7 @@ def check_interval(name:str, # hyperparameter name, used in the message
     low, high = (None if lo in ('-inf', '') else float(lo)), (None if hi in ('inf', '') else float(hi))
     return check_range(name, value, low, high, interval.strip()[0] == '[', interval.strip()[-1] == ']')
 
+# %% ../../nbs/methods/20_registry.ipynb #8c215984
 def _number(name, value, method):
     if isinstance(value, str):
         try: value = float(value.strip())
@@ -231,7 +239,6 @@ def _number(name, value, method):
         raise HyperparameterError(f"{method}: {name}={value!r} is not a number (got {type(value).__name__})")
     if not math.isfinite(value): raise HyperparameterError(f"{method}: {name}={value!r} is out of range: not a finite number")
     return value if type(value) in (int, float) else float(value)  # ints stay ints: messages and records show what was given
-
 
 # %% ../../nbs/methods/20_registry.ipynb #7cf94ebb
 @dataclass(frozen=True)
@@ -328,8 +335,10 @@ def _check_inputs(m:MergeMethod, pretrained, experts)->tuple:
                                           "vision encoders: pass its vision encoder, e.g. checkpoints.vision_state_dict(...)")
     return pretrained, pool
 
+# %% ../../nbs/methods/20_registry.ipynb #857b900e
 def _plain(v)->bool: return isinstance(v, (int, float, str, bool, type(None))) or (isinstance(v, (list, dict)) and len(str(v)) < 500)
 
+# %% ../../nbs/methods/20_registry.ipynb #1f7c44a8
 @patch
 def __call__(self:MergeMethod, pretrained, # θ₀: state dict (plain or lazy) or nn.Module; None where the method allows
              experts, # name → fine-tuned state dict (or a list: model_0, model_1, ...)
@@ -358,7 +367,6 @@ def __call__(self:MergeMethod, pretrained, # θ₀: state dict (plain or lazy) o
     out.info = {'method': info.pop('method'), **info}
     return out
 
-
 # %% ../../nbs/methods/20_registry.ipynb #67149f73
 @patch
 def _signature(self:MergeMethod)->inspect.Signature:
@@ -371,15 +379,18 @@ def _signature(self:MergeMethod)->inspect.Signature:
     ps += [P('progress', P.KEYWORD_ONLY, default=True), P('check', P.KEYWORD_ONLY, default=True), P('device', P.KEYWORD_ONLY, default=None)]
     return inspect.Signature(ps)
 
+# %% ../../nbs/methods/20_registry.ipynb #1d5bc516
 @patch
 def hypers_table(self:MergeMethod)->pd.DataFrame:
     "The hyperparameters: default, meaning, allowed values and the source of each default."
     return pd.DataFrame([dict(hyperparameter=k, default=h.default, meaning=h.doc, allowed=h.interval or (h.choices and ', '.join(map(str, h.choices))) or '',
                               source=h.source) for k, h in self.hypers.items()]).set_index('hyperparameter')
 
+# %% ../../nbs/methods/20_registry.ipynb #a2b713d0
 @patch
 def __repr__(self:MergeMethod): return f"MergeMethod({self.name!r}: {self.label}, {self.kind})"
 
+# %% ../../nbs/methods/20_registry.ipynb #a3332dea
 def declare(method:MergeMethod)->MergeMethod:
     "Register `method` under its name and aliases; return it (so the declaration is also the module's callable)."
     method.__qualname__, method.__name__ = method.name, method.name
@@ -387,7 +398,6 @@ def declare(method:MergeMethod)->MergeMethod:
     method.__doc__ = method.summary
     for n in (method.name, *method.aliases): MERGE_METHODS.register(n, method)
     return method
-
 
 # %% ../../nbs/methods/20_registry.ipynb #c19d39a3
 @dataclass

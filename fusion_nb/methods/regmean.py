@@ -63,6 +63,7 @@ def reduce_non_diagonal(gram:Tensor, # (d, d) Gram matrix
     scale = torch.full_like(gram, float(ratio)); scale.fill_diagonal_(1.0)
     return gram * scale
 
+# %% ../../nbs/methods/32_regmean.ipynb #3e9d2ba1
 class RegMeanSum:
     "Running Σᵢ G̃ᵢ and Σᵢ G̃ᵢWᵢᵀ per linear layer (float64): RegMean one model at a time."
     def __init__(self, reduce_non_diagonal_ratio:float=0.95):
@@ -91,6 +92,7 @@ class RegMeanSum:
             self.fallback.append(name)
         return sol.T
 
+# %% ../../nbs/methods/32_regmean.ipynb #96b1c2b5
 def regmean_merge(weights:Sequence[Tensor], # per model: (out, in) weight of one linear layer
                   grams:Sequence[Tensor], # per model: (in, in) Gram matrix of that layer's inputs
                   *,

@@ -31,6 +31,7 @@ def budget_defaults(paper:str='000')->dict[str, Any]:
             out[key], users[key] = v, m.name
     return dict(sorted(out.items()))
 
+# %% ../../nbs/methods/39_rows.ipynb #007480e5
 FUSION_SETTINGS = budget_defaults('000')
 
 def fusion_settings(profile=None, # a fusion_nb.reproduce.profiles.Profile whose settings.ini keys override the paper's
@@ -45,7 +46,6 @@ def fusion_settings(profile=None, # a fusion_nb.reproduce.profiles.Profile whose
         try: s[k] = type(FUSION_SETTINGS[k])(v)
         except (TypeError, ValueError): raise HyperparameterError(f"{k}={v!r} is not a {type(FUSION_SETTINGS[k]).__name__}") from None
     return s
-
 
 # %% ../../nbs/methods/39_rows.ipynb #a84176d1
 def paper_rows(paper:str='000', # paper id, as in data/paper_values
@@ -62,6 +62,7 @@ def paper_rows(paper:str='000', # paper id, as in data/paper_values
     if model is not None and (v['model'] == model).any(): v = v[v['model'] == model]
     return list(dict.fromkeys(MERGE_METHODS[m].name for m in dict.fromkeys(v['method']) if m in MERGE_METHODS))
 
+# %% ../../nbs/methods/39_rows.ipynb #424b902a
 def row_hypers(name:str, # a declared method name (or alias)
                settings:Mapping|None=None, # budgets (`fusion_settings`); default: paper 000's
                seed:int=0, # the run's seed, for methods that take one (random masks)
@@ -72,6 +73,7 @@ def row_hypers(name:str, # a declared method name (or alias)
     hp = {**m.papers.get(paper, {}), **{h: s[key] for h, key in m.budgets.items()}}
     return {**hp, 'seed': seed} if 'seed' in m.hypers else hp
 
+# %% ../../nbs/methods/39_rows.ipynb #85723581
 def fuse(name:str, # a declared method name (or alias)
          pretrained:Mapping, experts:Mapping, # θ₀ and task → expert state dicts
          data:MergeData|None, # samplers of the experts' tasks (training-free methods take None)
@@ -90,7 +92,6 @@ def fuse(name:str, # a declared method name (or alias)
     t0 = time.time()
     out = m(pretrained, experts, progress=progress, **({'data': data} if learns else {}), **hp)
     return out, time.time() - t0
-
 
 # %% ../../nbs/methods/39_rows.ipynb #ce7077b8
 def learning_curves(results:Mapping[str, Any], # label → what `fuse` returned

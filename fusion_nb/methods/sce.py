@@ -27,6 +27,7 @@ def sce_mask(taus:Tensor, # (n_experts, ...) task vectors
     if k: mask[var.flatten().topk(k).indices] = True
     return mask.reshape(var.shape)
 
+# %% ../../nbs/methods/42_sce.ipynb #80fdeef6
 def sce_weight(taus:Tensor, # (n_experts, ...) selected task vectors
               )->Tensor:
     "ηᵢ = mean(δᵢ²) / Σₖ mean(δₖ²); uniform where the total is below 1e-6."
@@ -43,6 +44,7 @@ def _sce_rule(pretrained, experts, hp, info, runtime):
         return pre + (taus * w).sum(0) / w.sum(0).clamp(min=1e-6)
     return merge_tensor
 
+# %% ../../nbs/methods/42_sce.ipynb #d8aa13e6
 sce = declare(MergeMethod(
     'sce', 'SCE', 'SCE per tensor: select high-variance entries, weight experts by energy, erase sign conflicts, average.',
     'training-free', hypers={'select_topk': Hyper(1.0, 'ρ: fraction of the (non-constant) entries selected by variance',

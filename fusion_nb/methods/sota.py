@@ -56,6 +56,7 @@ def is_task_conditional(result:Any)->bool:
     "Does `result` pick its weights by task id (`.for_task(task) → state dict`)?"
     return hasattr(result, 'for_task')
 
+# %% ../../nbs/methods/49_sota.ipynb #49a7e8e6
 def evaluation_rows(results:Mapping[str, Any], # row → merge result
                     tasks:Sequence[str], # the profile's tasks
                    )->tuple[dict, dict]:

@@ -30,6 +30,7 @@ def weighted_sum(weights:Mapping[str, float], # wᵢ by expert name
     for n, t in it: out += weights[n] * t
     return out
 
+# %% ../../nbs/methods/21_soups.ipynb #08fff95b
 def _weighted_average_rule(pretrained, experts, hp, info, runtime):
     "Per tensor Σᵢ wᵢ θᵢ (weights 1/n by default, normalised to sum 1 on request)."
     w = expert_weights(hp['weights'], list(experts), 1 / len(experts))
@@ -40,10 +41,12 @@ def _weighted_average_rule(pretrained, experts, hp, info, runtime):
     info.update(weights=w, affine=abs(sum(w.values()) - 1) < 1e-9)
     return lambda key, pre, ts: weighted_sum(w, ts)
 
+# %% ../../nbs/methods/21_soups.ipynb #08132850
 def _weighted_average_output_weights(result, names, hp):
     "The soup's own wᵢ (normalised if it was) on each expert's outputs; θ₀ gets 0: the soup has no θ₀ term."
     return OutputWeights(result.info['weights'], pretrained=0.0)
 
+# %% ../../nbs/methods/21_soups.ipynb #34757847
 weighted_average = declare(MergeMethod(
     'weighted_average', 'Linear', 'Soup θ = Σᵢ wᵢ θᵢ with arbitrary real weights (negative ones extrapolate; paper 002, eq. 3).', 'training-free',
     hypers={'weights': Hyper(None, 'wᵢ per expert (dict by name or list in pool order); None: 1/n each', 'paper 002 §3', float, per_expert=True),
@@ -52,24 +55,24 @@ weighted_average = declare(MergeMethod(
     rule=_weighted_average_rule, needs_pretrained=False, propagates_nonfinite=True,
     output_weights=_weighted_average_output_weights))
 
-
 # %% ../../nbs/methods/21_soups.ipynb #9a12a63c
 def _simple_average_rule(pretrained, experts, hp, info, runtime):
     "Per tensor (1/n) Σᵢ θᵢ."
     info['experts'] = list(experts)
     return lambda key, pre, ts: sum(ts.values()) / len(ts)
 
+# %% ../../nbs/methods/21_soups.ipynb #d16db09e
 def _simple_average_output_weights(result, names, hp):
     "1/n on each expert's outputs (the uniform ensemble), nothing on θ₀'s."
     return OutputWeights({n: 1 / len(names) for n in names}, pretrained=0.0)
 
+# %% ../../nbs/methods/21_soups.ipynb #7f600136
 simple_average = declare(MergeMethod(
     'simple_average', 'Simple Averaging', 'θ = (1/n) Σᵢ θᵢ: the plain average of the experts.', 'training-free',
     papers={'000': {}, '001': {}, '003': {}}, rule=_simple_average_rule, needs_pretrained=False,
     aliases=('uniform_soup',),  # Wortsman et al.'s uniform soup (paper 003's baseline) is exactly this average
     propagates_nonfinite=True, output_weights=_simple_average_output_weights))
 uniform_soup = simple_average
-
 
 # %% ../../nbs/methods/21_soups.ipynb #e865dc43
 def _greedy_soup(pretrained, experts, *, evaluate_fn, scores, progress, device):
@@ -91,12 +94,12 @@ def _greedy_soup(pretrained, experts, *, evaluate_fn, scores, progress, device):
     best_sd.info = dict(ingredients=soup, score=best, individual_scores=scores, history=history)
     return best_sd
 
+# %% ../../nbs/methods/21_soups.ipynb #c2e79d83
 greedy_soup = declare(MergeMethod(
     'greedy_soup', 'Greedy Soup', "Greedy soup (Wortsman et al.): ingredients by held-out score, each kept only if the soup improves.", 'selection',
     hypers={'evaluate_fn': Hyper(None, 'held-out score of a state dict (higher is better)'),
             'scores': Hyper(None, "each ingredient's own held-out score (default: evaluated)", type=float, per_expert=True)},
     fuse=_greedy_soup, needs_pretrained=False, positional=('evaluate_fn',), papers={'003': {}}))
-
 
 # %% ../../nbs/methods/21_soups.ipynb #41b725c9
 def affine_grid(n:int, # number of models
@@ -144,6 +147,7 @@ def _soup_grid_search(pretrained, experts, *, evaluate_fn, grid, low, high, step
     best_sd.info = dict(best_weights=best_sd.info['weights'], score=best, results=results)
     return best_sd
 
+# %% ../../nbs/methods/21_soups.ipynb #5086e721
 soup_grid_search = declare(MergeMethod(
     'soup_grid_search', 'Soup grid search', 'The best of the soups of every weight vector on a grid (paper 002 §5.1).', 'selection',
     hypers={'evaluate_fn': Hyper(None, 'held-out score of a state dict (higher is better)'),
@@ -151,7 +155,6 @@ soup_grid_search = declare(MergeMethod(
             'low': Hyper(-0.4, 'smallest grid weight', 'paper 002 §5.1', float), 'high': Hyper(1.4, 'largest grid weight', 'paper 002 §5.1', float),
             'step': Hyper(0.2, 'grid granularity', 'paper 002 §5.1', float, interval='(0, inf)')},
     fuse=_soup_grid_search, needs_pretrained=False, positional=('evaluate_fn',), papers={'002': {}}))
-
 
 # %% ../../nbs/methods/21_soups.ipynb #b3d6257c
 linear = declare(MergeMethod(

@@ -45,6 +45,7 @@ def _nuslerp_rule(pretrained, experts, hp, info, runtime):
         return pre + nuslerp_tensor(t, ts[a] - pre, ts[b] - pre, hp['row_wise'], hp['flatten'])
     return merge_tensor
 
+# %% ../../nbs/methods/43_spherical.ipynb #dab67adf
 nuslerp = declare(MergeMethod(
     'nuslerp', 'NuSLERP', "NuSLERP: spherical interpolation of two models' task vectors (or weights), t = w₁/(w₀ + w₁), per tensor.",
     'training-free', hypers={
@@ -87,6 +88,7 @@ def _multislerp_rule(pretrained, experts, hp, info, runtime):
         return out if pre is None else pre + out
     return merge_tensor
 
+# %% ../../nbs/methods/43_spherical.ipynb #91faf8fe
 multislerp = declare(MergeMethod(
     'multislerp', 'Multi-SLERP', "Multi-SLERP: weighted barycentre of the experts' task vectors on the sphere (tangent space at the mean), per tensor.",
     'training-free', hypers={
@@ -126,6 +128,7 @@ def _karcher_rule(pretrained, experts, hp, info, runtime):
     names = list(experts)
     return lambda key, pre, ts: karcher_tensor(torch.stack([ts[n] for n in names]), hp['max_iter'], hp['tol'])
 
+# %% ../../nbs/methods/43_spherical.ipynb #91d0340e
 karcher = declare(MergeMethod(
     'karcher', 'Karcher mean', "Karcher mean: the Riemannian mean of the experts' tensors on the sphere, scaled by their mean norm, per tensor.",
     'training-free', hypers={'max_iter': Hyper(10, 'most fixed-point iterations', "mergekit's karcher", int, interval='[1, inf)'),

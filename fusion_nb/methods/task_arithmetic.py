@@ -26,14 +26,15 @@ def _task_arithmetic_rule(pretrained, experts, hp, info, runtime):
         return out
     return merge_tensor
 
+# %% ../../nbs/methods/22_task_arithmetic.ipynb #9c6076a9
 def _task_arithmetic_output_weights(result, names, hp):
     "λᵢ on each expert's outputs and 1 − Σλᵢ on θ₀'s: the merge's own affine weights, not renormalised."
     return OutputWeights(expert_weights(hp['scaling_factor'], list(names), 0.3, name='scaling_factor'))
 
+# %% ../../nbs/methods/22_task_arithmetic.ipynb #f9e6cc41
 task_arithmetic = declare(MergeMethod(
     'task_arithmetic', 'Task Arithmetic', 'θ = θ₀ + λ Σᵢ (θᵢ − θ₀), merged tensor by tensor.', 'training-free',
     hypers={'scaling_factor': Hyper(0.3, 'λ, or one λᵢ per expert (dict by name or list in pool order)',
                                     "paper 000, eight-task tables: 'Task Arithmetic (λ=0.3)'", float, per_expert=True)},
     papers={'000': {'scaling_factor': 0.3}, '001': {'scaling_factor': 0.3}, '004': {}},
     rule=_task_arithmetic_rule, propagates_nonfinite=True, output_weights=_task_arithmetic_output_weights))
-

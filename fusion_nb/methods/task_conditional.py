@@ -56,6 +56,7 @@ def emr_elect(taus:Tensor, # (T, ...) the task vectors of one tensor
     uni = gamma * torch.where(agree, taus.abs(), 0).amax(0)
     return uni, taus * uni > 0
 
+# %% ../../nbs/methods/53_task_conditional.ipynb #b3d6c51c
 def _emr_merging(pretrained, experts, *, progress=True, check=True, device=None):
     "Elect τ_uni tensor by tensor, keep the masks, accumulate Σ|τₜ| and Σ|mₜ ⊙ τ_uni| for the rescalers."
     names = list(experts); masks = {n: {} for n in names}
@@ -88,6 +89,7 @@ def _tall_masks(pretrained, experts, *, lam=0.6, progress=True, check=True, devi
     vector = merge_streaming(pretrained, experts, merge_tensor, progress=progress, check=check, device=device, desc='TALL masks')
     return TaskConditional(pretrained, vector, masks, dict.fromkeys(names, 1.0), info={'lambdas': lam})
 
+# %% ../../nbs/methods/53_task_conditional.ipynb #bb883618
 tall_masks = declare(MergeMethod(
     'tall_masks', 'TALL masks', 'TALL masks: θₜ = θ₀ + mₜ ⊙ Σₛ τₛ with mₜ = |τₜ| ≥ λₜ·|Σₛ τₛ − τₜ| (needs the task id).',
     'task-conditional',

@@ -35,12 +35,14 @@ def trim_count(k:float, # percentage of entries to keep, in (0, 100]
     keep = math.ceil(Fraction(str(float(k))) * n / 100) if rounding == 'ceil' else int(float(k) / 100 * n)  # floor: float product, as mergekit
     return max(1, min(n, keep))
 
+# %% ../../nbs/methods/23_ties.ipynb #715dbb54
 def elect_sign(trimmed:Tensor, # (n_experts, ...) trimmed task vectors
               )->Tensor:
     "Per parameter, the sign with the larger total mass: sgn(Σᵢ τ̂ᵢ), with +1 where the sum is exactly 0."
     s = torch.sign(trimmed.sum(0))
     return torch.where(s == 0, torch.ones_like(s), s)
 
+# %% ../../nbs/methods/23_ties.ipynb #942fa8fe
 def disjoint_merge(trimmed:Tensor, # (n_experts, ...) trimmed task vectors
                    sign:Tensor, # elected sign per parameter
                    disjoint:str='mean', # 'mean' (TIES paper) or 'sum' (FusionBench)
@@ -80,6 +82,7 @@ def _pick_bucket(hist:Tensor, r:int)->tuple[int, int]:
     b = hist.numel() - 1 - i
     return b, r - int(cum[i] - hist[b])
 
+# %% ../../nbs/methods/23_ties.ipynb #6cde15c6
 def streaming_kth_largest(make_pass:Callable[[], Iterable[tuple[str, Tensor]]], # returns a fresh pass: yields (group, values ≥ 0)
                           m:Mapping[str, int], # per group: rank wanted (1 = the largest)
                           dtype:torch.dtype=torch.float32, # float32 (2 passes) or float64 (4 passes)
@@ -109,12 +112,15 @@ class TiesThresholds(dict):
     def __init__(self, values:Mapping[str, float], k:float, delta_transform:Callable|None=None, rounding:str='ceil'):
         super().__init__(values); self.k, self.delta_transform, self.rounding = float(k), delta_transform, rounding
 
+# %% ../../nbs/methods/23_ties.ipynb #ad8454d6
 def _float_keys(ref:Mapping)->list[str]:
     return [k for k in ref.keys() if tensor_dtype(ref, k).is_floating_point]
 
+# %% ../../nbs/methods/23_ties.ipynb #012453f7
 def _selection_dtype(ref:Mapping, keys)->torch.dtype:
     return torch.float64 if any(tensor_dtype(ref, k) == torch.float64 for k in keys) else torch.float32
 
+# %% ../../nbs/methods/23_ties.ipynb #f755a9cf
 def ties_thresholds(pretrained:Mapping, # θ₀
                     experts:dict[str, Mapping], # name → fine-tuned state dict
                     k:float=20, # percentage of each task vector's entries to keep
@@ -145,7 +151,6 @@ def ties_thresholds(pretrained:Mapping, # θ₀
             del pre
     return TiesThresholds(streaming_kth_largest(make_pass, m, _selection_dtype(pretrained, keys)), k, delta_transform, rounding)
 
-
 # %% ../../nbs/methods/23_ties.ipynb #bb74c0c1
 def _model_thresholds(pretrained, experts, hp, runtime)->TiesThresholds:
     "The whole-model thresholds of this merge: computed, or the given ones checked to be for this k and pool."
@@ -159,6 +164,7 @@ def _model_thresholds(pretrained, experts, hp, runtime)->TiesThresholds:
     if thr.rounding != rnd: raise HyperparameterError(f"thresholds were computed with rounding={thr.rounding!r}, not {rnd!r}")
     return thr
 
+# %% ../../nbs/methods/23_ties.ipynb #19c01324
 def _ties_rule(pretrained, experts, hp, info, runtime):
     "Trim (whole model or per tensor), elect signs by total mass, disjoint mean/sum, scale by λ: per tensor."
     k, scope, dt, lam, names, rnd = hp['k'], hp['trim_scope'], hp['delta_transform'], hp['scaling_factor'], list(experts), hp.get('rounding', 'ceil')
@@ -178,7 +184,6 @@ def _ties_rule(pretrained, experts, hp, info, runtime):
             return tau.mul_(keep)  # tau is a fresh tensor: trim in place
         return pre + lam * elect_and_merge(trimmed, names, hp['disjoint'])
     return merge_tensor
-
 
 # %% ../../nbs/methods/23_ties.ipynb #817d9210
 TIES_HYPERS = {

@@ -21,12 +21,14 @@ def svd(x:Tensor)->tuple[Tensor, Tensor, Tensor]:
     try: return torch.linalg.svd(x, full_matrices=False)
     except torch.linalg.LinAlgError: return tuple(f.to(x.dtype) for f in torch.linalg.svd(x.double(), full_matrices=False))
 
+# %% ../../nbs/methods/50_tsv_iso.ipynb #04baf178
 def procrustes(x:Tensor, # (m, k) matrix
               )->Tensor:
     "The closest matrix with orthonormal columns (rows, if k > m) to `x`: P Rᵀ for x = P S Rᵀ."
     p, _, rh = svd(x)
     return p @ rh
 
+# %% ../../nbs/methods/50_tsv_iso.ipynb #99df2007
 def is_matrix(t:Tensor)->bool:
     "Does `t` get the per-matrix SVD treatment? (2-D tensors; everything else is averaged.)"
     return t.ndim == 2
@@ -56,6 +58,7 @@ def per_matrix_rule(matrix_fn, # (taus, hp) → merged task matrix of one 2-D la
         return merge_tensor
     return rule
 
+# %% ../../nbs/methods/50_tsv_iso.ipynb #d4339e97
 tsv_merging = declare(MergeMethod(
     'tsv_merging', 'TSV-M', 'Task Singular Vectors merge: per matrix, each task\'s top-k singular triplets, bases decorrelated by '
     'Procrustes, θ = θ₀ + α·U⊥ Σ V⊥ᵀ; other tensors averaged.', 'training-free',
@@ -91,6 +94,7 @@ def iso_cts_split(r:int, # the layer's rank min(m, n)
     s = round((r - k_c) / n_tasks)
     return r - s * n_tasks, s
 
+# %% ../../nbs/methods/50_tsv_iso.ipynb #69289358
 def iso_cts_matrix(taus:list[Tensor], # the T task matrices of one layer
                    common_fraction:float=0.8, # share of the rank kept from the sum's top singular vectors
                   )->Tensor:

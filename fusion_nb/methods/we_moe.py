@@ -121,9 +121,11 @@ def _layers(model:nn.Module)->nn.ModuleList:
     "The transformer layers of a CLIPVisionModel (transformers 5 flattens `vision_model`; 4 nests it)."
     return (model.vision_model if hasattr(model, 'vision_model') else model).encoder.layers
 
+# %% ../../nbs/methods/34_we_moe.ipynb #d4377e8a
 def _layer_count(keys)->int:
     return 1 + max(int(k.split('encoder.layers.')[1].split('.')[0]) for k in keys if 'encoder.layers.' in k)
 
+# %% ../../nbs/methods/34_we_moe.ipynb #a2704511
 def build_we_moe(pretrained:Mapping, # θ₀ (plain or lazy CLIPVisionModel state dict)
                  experts:Mapping, # task → fine-tuned state dict
                  config:CLIPVisionConfig, # the encoders' configuration
@@ -157,6 +159,7 @@ def build_we_moe(pretrained:Mapping, # θ₀ (plain or lazy CLIPVisionModel stat
                          'batch_reduce': batch_reduce, 'routing': routing, 'seed': seed, 'history': []}
     return model.to(device or 'cpu').eval()
 
+# %% ../../nbs/methods/34_we_moe.ipynb #fc651f92
 def routers_state(model:CLIPVisionModel)->dict[str, Tensor]:
     "The routers' weights, keyed by layer."
     return {f'{l}.{k}': v for l, layer in enumerate(_layers(model)) for k, v in layer.mlp.router.state_dict().items()}
@@ -170,6 +173,7 @@ def we_moe_backward(model:CLIPVisionModel, data:MergeData, batches:Mapping[str, 
         loss.backward(); total += loss.detach()
     return total
 
+# %% ../../nbs/methods/34_we_moe.ipynb #a65b80d8
 def we_moe_train(model:CLIPVisionModel, data:MergeData, *,
                  tasks:Sequence[str]|None=None, # tasks adapted on (default: the model's experts')
                  steps:int=1000, lr:float=1e-4, batch_size:int=16, seed:int=0, progress:bool=True)->list[float]:
@@ -191,6 +195,7 @@ def we_moe_train(model:CLIPVisionModel, data:MergeData, *,
     model.eval()
     return history
 
+# %% ../../nbs/methods/34_we_moe.ipynb #23f40e54
 def save_routers(model:CLIPVisionModel, path:str|Path)->Path:
     "Save the routers (safetensors) with the settings the model was built with."
     info = {k: v for k, v in model.we_moe_info.items() if k != 'history'}
@@ -198,6 +203,7 @@ def save_routers(model:CLIPVisionModel, path:str|Path)->Path:
     with atomic_write(path, 'wb') as f: f.write(blob)
     return Path(path)
 
+# %% ../../nbs/methods/34_we_moe.ipynb #8aedf98e
 def load_routers(model:CLIPVisionModel, path:str|Path)->CLIPVisionModel:
     "Load routers saved by `save_routers` into an upscaled model built from the same experts."
     with safe_open(str(path), 'pt') as f: info = json.loads(f.metadata()['info'])
@@ -245,6 +251,7 @@ def _we_moe_output_weights(result, names, hp):
         return torch.cat([1 - r.sum(1, keepdim=True), r], 1)
     return OutputWeights(per_sample=per_sample, note='routing weights averaged over the layers, per sample')
 
+# %% ../../nbs/methods/34_we_moe.ipynb #525793eb
 weight_ensembling_moe = declare(MergeMethod(
     'weight_ensembling_moe', 'Weight-Ensembling MoE', 'Upscale each MLP into a weight-ensembling MoE whose routers are trained at test time; other tensors task arithmetic.', 'test-time',
     hypers={'init_lambda': Hyper(0.3, "routers' initial output and the non-MLP task-arithmetic λ", 'paper 000', float),
@@ -261,4 +268,3 @@ weight_ensembling_moe = declare(MergeMethod(
             'seed': Hyper(0, 'seed of the routers and test batches', type=int)},
     fuse=_weight_ensembling_moe, papers={'000': {}, '001': {}}, budgets={'steps': 'wemoe_steps', 'lr': 'wemoe_lr', 'batch_size': 'tta_batch_size'},
     artefact='.routers.safetensors', aliases=('we_moe',), output_weights=_we_moe_output_weights))
-

@@ -26,6 +26,7 @@ def wudi_loss(tau:Tensor, # (m, n) the merged task matrix τ_m
     sq = (torch.matmul(d, gram) * d).sum((1, 2)) if gram is not None else torch.matmul(d, taus.transpose(1, 2)).pow(2).sum((1, 2))
     return (sq / norms).sum()
 
+# %% ../../nbs/methods/52_wudi.ipynb #f39da825
 def wudi_matrix(taus:list[Tensor], # the T task matrices of one layer
                 steps:int=300, # Adam steps
                 lr:float=1e-5, # Adam's learning rate

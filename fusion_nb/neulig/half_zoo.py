@@ -45,6 +45,7 @@ class HalfZooBudget:
     seed:int = 0 # seed of the halves and of training
     threads:int = 1 # torch threads while training (the weights depend on it: part of the recipe)
 
+# %% ../../nbs/neulig/72_half_zoo.ipynb #8f91d331
 def half_zoo_dir(root:str|Path|None, profile:str)->Path:
     "Where a profile's half experts live: `<root>/data/<profile>/neulig_halves` (a new folder, beside the benchmark's)."
     return Path(root or project_root())/'data'/profile/'neulig_halves'

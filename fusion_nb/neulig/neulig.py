@@ -40,6 +40,7 @@ def visible_count(n:int, # size of the training split
     check_interval('data_scale', data_scale, '(0, 1]')
     return max(1, min(n, math.floor(data_scale * n + 0.5)))
 
+# %% ../../nbs/neulig/71_neulig.ipynb #b68c8d9e
 def visible_split(task, # a fusion_nb.pools.Task
                   data_scale:float=1.0, seed:int=0,
                   indices:Sequence[int]|None=None, # only these rows of the training split may be seen (Table s8: model-A's half)
@@ -100,12 +101,14 @@ def coopvec_map(model:NeuLigModel, features:Mapping[str, Tensor], # task → (n,
     return pd.DataFrame({t: model.portland(f.to(model.device)).mean(0).cpu().numpy() for t, f in features.items()},
                         index=model.names).T.rename_axis(index='dataset', columns='expert')
 
+# %% ../../nbs/neulig/71_neulig.ipynb #622543bc
 def map_diagonal(cmap:pd.DataFrame)->pd.Series:
     "The map's diagonal: each dataset's weight on the expert of the same name."
     missing = [t for t in cmap.index if t not in cmap.columns]
     if missing: raise FusionError(f"no expert named like dataset(s) {missing}: the map has no diagonal for them")
     return pd.Series({t: float(cmap.loc[t, t]) for t in cmap.index}, name='diagonal')
 
+# %% ../../nbs/neulig/71_neulig.ipynb #0e814c48
 @torch.no_grad()
 def coopvec_frame(model:NeuLigModel, features:Mapping[str, Tensor])->pd.DataFrame:
     "Every sample's CoopVec, long: dataset, sample, expert, weight (Figure s8's distributions)."
@@ -130,6 +133,7 @@ def visible_features(model:NeuLigModel, data:MergeData, visible:Mapping, batch_s
     return {t: torch.cat([model.features(b['pixel_values']) for b in image_loader(ds, data.model_pool.processor, batch_size)])
             for t, ds in visible.items()}
 
+# %% ../../nbs/neulig/71_neulig.ipynb #a05cdcb7
 def train_portland(model:NeuLigModel, data:MergeData, *,
                    tasks:Sequence[str]|None=None, # tasks trained on (default: the experts' names)
                    setting:str='semi-supervised', data_scale:float=1.0,
@@ -194,6 +198,7 @@ def save_portland(model:NeuLigModel, path:str|Path)->Path:
     with atomic_write(path, 'wb') as f: f.write(blob)
     return Path(path)
 
+# %% ../../nbs/neulig/71_neulig.ipynb #10b60176
 def load_portland(model:NeuLigModel, path:str|Path)->NeuLigModel:
     "Load a Portland saved by `save_portland` into `model` (same experts, same sizes); no training."
     with safe_open(str(path), 'pt') as f: info = json.loads(f.metadata()['info'])
@@ -239,6 +244,7 @@ class CoopClassifier(nn.Module):
             return coop_ensemble(expert_logits(self.model, pixel_values, head), c)
         return F.log_softmax(merged_logits(self.model, pixel_values, head, self.coopvec).float(), -1)
 
+# %% ../../nbs/neulig/71_neulig.ipynb #b978d810
 def neulig_records(model:NeuLigModel, data:MergeData, tasks:Sequence[str]|None=None, *,
                    use_map:bool=False, # CoopVec Map rows instead of per-sample CoopVecs (Table s7)
                    batch_size:int=128, max_samples:int=0, seed:int=0, num_workers:int=0, progress:bool=True,
@@ -285,6 +291,7 @@ def improvements(avg:pd.DataFrame, # rows × ('Mer.', 'Ens.', 'Gap'): the tables
     best = {'Mer.': avg.loc[list(baselines), 'Mer.'].max(), 'Ens.': avg.loc[list(baselines), 'Ens.'].max(), 'Gap': avg.loc[list(baselines), 'Gap'].min()}
     return pd.DataFrame({m: avg.loc[list(rows), m] - b for m, b in best.items()})
 
+# %% ../../nbs/neulig/71_neulig.ipynb #7cb725df
 def annotate_improvements(printed:pd.DataFrame, # a printable table (strings) with an ('Avg.', measure) block
                           diffs:pd.DataFrame, # `improvements`
                           decimals:int=2)->pd.DataFrame:

@@ -70,12 +70,14 @@ def stack_experts(pretrained:Mapping|None, # θ₀ (checked for the same layout;
     keys = [k for k in ref.keys() if ref[k].is_floating_point()]
     return list(pool), {k: torch.stack([read_tensor(sd, k, n).float() for n, sd in pool.items()]) for k in keys}
 
+# %% ../../nbs/neulig/70_portland.ipynb #08b9f720
 def coop_params(stack:Mapping[str, Tensor], # key → (K, ...) stacked expert tensors
                 coopvec:Tensor, # (K,)
                )->dict[str, Tensor]:
     "The merged weights Σₖ cₖ θₖ (= θ₀ + Σₖ cₖ τₖ since Σₖ cₖ = 1), key by key."
     return {k: torch.tensordot(coopvec.to(s), s, dims=1) for k, s in stack.items()}
 
+# %% ../../nbs/neulig/70_portland.ipynb #e2883bbf
 def merge_with_coopvec(pretrained:Mapping|None, experts:Mapping,
                        coopvec:Tensor|Sequence[float], # (K,) one weight per expert, in pool order
                       )->MergedStateDict:
@@ -145,6 +147,7 @@ class NeuLigModel(nn.Module):
 def _run(encoder:nn.Module, params:Mapping[str, Tensor], x:Tensor)->Tensor:
     return functional_call(encoder, dict(params), args=(), kwargs={'pixel_values': x}, strict=False).pooler_output
 
+# %% ../../nbs/neulig/70_portland.ipynb #b45b0cc0
 def merged_pooled(model:NeuLigModel, pixel_values:Tensor,
                   coopvecs:Tensor|None=None, # (batch, K) per sample, or (K,) shared; default: Portland's
                  )->Tensor:
@@ -157,6 +160,7 @@ def merged_pooled(model:NeuLigModel, pixel_values:Tensor,
     one = lambda ci, xi: _run(model.encoder, coop_params(stack, ci), xi[None])[0]
     return torch.cat([vmap(one)(c[i:i + model.chunk_size], x[i:i + model.chunk_size]) for i in range(0, len(x), model.chunk_size)])
 
+# %% ../../nbs/neulig/70_portland.ipynb #2b030e83
 def _forward(self:NeuLigModel, pixel_values:Tensor, coopvecs:Tensor|None=None)->BaseModelOutputWithPooling:
     "The per-sample merged encoder, as a CLIPVisionModel output (`pooler_output`)."
     return BaseModelOutputWithPooling(pooler_output=merged_pooled(self, pixel_values, coopvecs))
@@ -168,10 +172,12 @@ def expert_logits(model:NeuLigModel, pixel_values:Tensor, head:Callable[[Tensor]
     x, stack = pixel_values.to(model.device), model.stack
     with torch.no_grad(): return torch.stack([head(_run(model.encoder, {k: s[i] for k, s in stack.items()}, x)) for i in range(len(model.names))])
 
+# %% ../../nbs/neulig/70_portland.ipynb #595a7477
 def merged_logits(model:NeuLigModel, pixel_values:Tensor, head:Callable[[Tensor], Tensor], coopvecs:Tensor|None=None)->Tensor:
     "(batch, classes) logits of the per-sample merged encoders."
     return head(merged_pooled(model, pixel_values, coopvecs))
 
+# %% ../../nbs/neulig/70_portland.ipynb #5728d5b1
 def ensemble_logprobs(model:NeuLigModel, pixel_values:Tensor, head:Callable[[Tensor], Tensor], coopvecs:Tensor|None=None)->Tensor:
     "(batch, classes) log-probabilities of the CoopVec-weighted ensemble."
     c = model.coopvecs(pixel_values) if coopvecs is None else check_coopvec(coopvecs.to(model.device), len(model.names), model.names)

@@ -61,6 +61,7 @@ def _hyper_rows(method, hyperparameters:Mapping)->pd.DataFrame:
             for k, v in hyperparameters.items() if k in method.hypers]
     return pd.DataFrame(rows, columns=['hyperparameter', 'value', 'default', 'meaning', 'source'])
 
+# %% ../../nbs/reproduce/93_export.ipynb #d5c61ef8
 def _results_table(results)->pd.DataFrame|None:
     "The results as a DataFrame: given as one, or as the path of a CSV file."
     if results is None or isinstance(results, pd.DataFrame): return results
@@ -127,12 +128,14 @@ def check_finite_after_cast(weights:Mapping, # key → tensor, already in the dt
                                  "(it overflows that dtype, or the merge made them): export in float32 or bfloat16, or merge with smaller weights")
     return weights
 
+# %% ../../nbs/reproduce/93_export.ipynb #356e5785
 def _cast(weights:Mapping, dtype)->Mapping:
     "`weights` with floating tensors in `dtype` (None: as they are), checked finite after the cast."
     if dtype is None: return weights
     dt = get_dtype(dtype)
     return check_finite_after_cast({k: v.to(dt) if v.is_floating_point() else v for k, v in weights.items()}, f'dtype {dtype}')
 
+# %% ../../nbs/reproduce/93_export.ipynb #74254ad0
 def _write_clip(weights:Mapping, tmp:Path, base_dir:Path, dtype)->None:
     "The base CLIPModel with its vision tower's weights replaced by `weights`, saved in `tmp`."
     from transformers import CLIPModel
@@ -146,6 +149,7 @@ def _write_clip(weights:Mapping, tmp:Path, base_dir:Path, dtype)->None:
     check_finite_after_cast(clip.vision_model.state_dict(), f'dtype {dtype}')
     clip.save_pretrained(tmp)
 
+# %% ../../nbs/reproduce/93_export.ipynb #2c222703
 def _write_processor(tmp:Path, base_dir:Path, kind:str)->None:
     "The base model's image processor (and tokenizer for a whole CLIP), where it has them."
     from transformers import AutoImageProcessor, AutoProcessor
@@ -180,6 +184,7 @@ def _run_inputs(inputs, # None, a dict, or a run's inputs.json
     if not Path(inputs).is_file(): raise FusionError(f"inputs {str(inputs)!r} is not a file: give the run's inputs.json or a dict")
     return json.loads(Path(inputs).read_text())
 
+# %% ../../nbs/reproduce/93_export.ipynb #18dddbd8
 def honour_umask(folder:Path)->None:
     "Give every file under `folder` the mode a plain `open` gives under the umask (safetensors and transformers write 0600)."
     from fusion_nb.core import current_umask
@@ -187,6 +192,7 @@ def honour_umask(folder:Path)->None:
     for f in folder.rglob('*'):
         if f.is_file(): os.chmod(f, mode)
 
+# %% ../../nbs/reproduce/93_export.ipynb #1d064007
 def _write_model(weights:Mapping, tmp:Path, src_dir:Path, kind:str, dtype, extra_files:Mapping|None)->None:
     "The model, its preprocessing and the extra files, into the new, empty folder `tmp`."
     if kind == 'vision': save_vision_model(_cast(weights, dtype), tmp, src_dir)
@@ -247,6 +253,7 @@ def check_repo_id(repo_id:str, # 'owner/name'
     except HFValidationError as e: raise FusionError(f"{where}{repo_id!r} is not a hub repository id ('owner/name'): {e}") from None
     return repo_id
 
+# %% ../../nbs/reproduce/93_export.ipynb #bb96a225
 def check_push(repo_id:str, # where the folder is to go
                folder:str|Path|None=None, # what is to be pushed (for the message)
               )->str:

@@ -322,12 +322,14 @@ def hf_dtype(raw, w)->str|None:
     except FusionError as e: raise FusionError(f"{w}{'out_dtype' if raw.get('out_dtype') else 'dtype'}: {e}") from None
     return str(d)
 
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #e73927e6
 def hf_device(raw, w)->str:
     d = str(raw.get('device') or 'cpu')
     try: get_device(d)
     except FusionError as e: raise FusionError(f"{w}device: {e}") from None
     return d
 
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #7ae77393
 HF_OUTPUT_DEFAULTS = {'card': True, 'push_to_hub': None, 'private': False, 'max_shard_size': '5GB'}
 
 def hf_output(raw, w)->dict:
@@ -364,6 +366,7 @@ def _lazy(src:str, name:str)->LazyStateDict:
     if sd.kind != 'safetensors': raise FusionError(f"model {name!r} ({src}) has pickled .bin weights only: convert it to safetensors first")
     return sd
 
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #8225c5d9
 def open_models(plan:HFMergePlan)->tuple[LazyStateDict, AlignedModel|None, dict]:
     "(reference, aligned θ₀ or None, name → aligned expert), every tensor checked against the reference's."
     ref = _lazy(plan.ref, 'base_model' if plan.base_model else next(iter(plan.models)))
@@ -371,6 +374,7 @@ def open_models(plan:HFMergePlan)->tuple[LazyStateDict, AlignedModel|None, dict]
     pre = AlignedModel(ref, ref, list(ref), False) if plan.base_model else None
     return ref, pre, aligned
 
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #8692203b
 def check_values(plan:HFMergePlan, ref:LazyStateDict)->dict[str, float]:
     "Each floating tensor's layer position, after computing its hyperparameters once (a missing or bad one named now)."
     t = layer_positions(list(ref))

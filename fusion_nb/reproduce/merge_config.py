@@ -68,6 +68,7 @@ def _check_keys(given:Mapping, known:Mapping, where:str)->None:
         raise FusionError(f"{where}unknown key {k!r}" + (f" (did you mean {close[0]!r}?)" if close else '')
                           + f"; known keys: {', '.join(known)}")
 
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #a712fc70
 def _mapping(value, where:str)->dict:
     if value is None: return {}
     if not isinstance(value, Mapping): raise FusionError(f"{where} must be a mapping (key: value lines), got {type(value).__name__} {value!r}")
@@ -88,6 +89,7 @@ def model_source(value, # a config's model value
     if not (p/'config.json').is_file(): raise FusionError(f"{where}: {value!r} is not a model folder (no config.json in {p})")
     return str(p)
 
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #d9da600d
 def check_architectures(sources:Mapping[str, str], # place in the config → model source
                        )->None:
     "Raise `IncompatibleModelsError` naming the first model whose vision architecture differs from the first one's."
@@ -100,6 +102,7 @@ def check_architectures(sources:Mapping[str, str], # place in the config → mod
         diff = [f"{k} {arch[k]} ≠ {ref[1][k]}" for k in ARCHITECTURE if arch[k] != ref[1][k]]
         if diff: raise IncompatibleModelsError(f"{where} ({src}) does not have the architecture of {ref[0]}: {', '.join(diff)}")
 
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #c1338af2
 def _model_type(src:str)->str|None:
     return json.loads((resolve_model_dir(src)/'config.json').read_text()).get('model_type')
 
@@ -138,6 +141,7 @@ def merge_hyperparameters(m:MergeMethod, # the declared method
     check_float32(hp, where)
     return hp
 
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #3e0135e0
 def check_float32(hp:Mapping, # resolved hyperparameters
                   where:str='', # the config's name, for messages
                  )->None:
@@ -178,6 +182,7 @@ def _read_yaml(config)->tuple[dict, str]:
     if not isinstance(raw, Mapping): raise FusionError(f"{path}: a merge config is a mapping of keys ({', '.join(CONFIG_KEYS)}), got {type(raw).__name__}")
     return dict(raw), f"{path.name}: "
 
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #2867cb63
 def _method(raw:dict, w:str)->MergeMethod:
     if 'method' not in raw: raise FusionError(f"{w}missing key 'method' ({CONFIG_KEYS['method']})")
     try: m = MERGE_METHODS[str(raw['method'])]
@@ -186,6 +191,7 @@ def _method(raw:dict, w:str)->MergeMethod:
     if why: raise FusionError(f"{w}method: {m.name} cannot be merged into one model: {why}")
     return m
 
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #7c249d5e
 def _output(raw:dict, w:str)->dict:
     out = _mapping(raw.get('output'), f"{w}output")
     _check_keys(out, OUTPUT_KEYS, f"{w}output: ")
@@ -231,6 +237,7 @@ def _profile(raw:dict, m:MergeMethod, w:str):
     try: return load_profile(str(raw['profile']))
     except FusionError as e: raise type(e)(f"{w}profile: {e}") from None
 
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #d2115c97
 def _budgets(m:MergeMethod, profile)->dict:
     "The method's hyperparameters the profile scales (steps, examples, learning rates)."
     if profile is None: return {}
@@ -246,6 +253,7 @@ def _check_base(base:str|None, m:MergeMethod, out:dict, w:str)->None:
         if need and (base is None or _model_type(base) != 'clip'):
             raise FusionError(f"{w}base_model: {why}, so it must be a whole CLIPModel; {base!r} is not (config.json model_type)")
 
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #3470e478
 def _check_tasks(models:dict, m:MergeMethod, profile, w:str)->None:
     "Each expert's name is a task of the profile: a learning method draws that task's data for it."
     strange = [n for n in models if n not in profile.datasets]
@@ -285,6 +293,7 @@ def load_merge_config(config, # a YAML file, or the same as a dict
     return MergeConfig(m, base, models, hp, None if dtype is None else str(dtype), device,
                        None if profile is None else profile.name, out, raw)
 
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #baf18a2c
 CLIP_TYPES = ('clip', 'clip_vision_model')   # this schema's CLIP path: the vision tower, kind vision | clip
 
 def _hf_plan(raw:dict, m:MergeMethod, base, models:dict, own:dict, w:str)->HFMergePlan:
@@ -323,6 +332,7 @@ def merge_data(cfg:MergeConfig, progress:bool=True, log=print):
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #9332ca4d
 def _plain(v)->bool: return v is None or isinstance(v, (bool, int, float, str)) or (isinstance(v, (list, dict)) and len(str(v)) < 2000)
 
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #8f7d09bf
 def hf_inputs(plan:HFMergePlan)->dict:
     "What a Hugging Face merge depends on: the config, each model's files (names, sizes, safetensors headers: not the weights' bytes), the code."
     from fusion_nb.reproduce.runner import _sha, package_hash
@@ -339,6 +349,7 @@ def hf_inputs(plan:HFMergePlan)->dict:
     d['hash'] = _sha(d)
     return json.loads(json.dumps(d, default=str))
 
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #03ac4fde
 def run_merge(config, # a YAML file, a dict, or a checked MergeConfig
               out_dir:str|Path, # the folder to write (new, empty, or an earlier export)
               *,

@@ -89,16 +89,19 @@ def is_local(source:str)->bool:
     "Is a profile value a local path (`./x`, `../x`, `/x`) rather than a hub id?"
     return str(source).strip().startswith(('./', '../', '/'))
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #01e8ce1f
 def resolve_source(value:str, root:Path)->str:
     "A local path (`./x` → absolute under `root`, `/x` as is) or a hub id, unchanged."
     value = value.strip()
     if value.startswith(('./', '../')): return str((Path(root)/value).resolve())
     return value
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #47beb55b
 def settings_path(settings:str|Path|None=None)->Path:
     "The settings.ini to read: `settings`, else the project root's."
     return Path(settings) if settings is not None else project_root()/'settings.ini'
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #66bdc366
 def _read(settings:str|Path|None)->tuple[configparser.ConfigParser, Path]:
     path = settings_path(settings)
     if not path.exists(): raise FusionError(f"settings file {str(path)!r} does not exist")
@@ -117,6 +120,7 @@ def _read(settings:str|Path|None)->tuple[configparser.ConfigParser, Path]:
         if reserved in cp.sections(): raise FusionError(f"{path}: a profile cannot be named {reserved!r}: outputs/{reserved}/ holds {what}")
     return cp, path
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #b541b49d
 def list_profiles(settings:str|Path|None=None)->list[str]:
     "Names of the profiles in settings.ini, in file order."
     return _read(settings)[0].sections()
@@ -136,6 +140,7 @@ def declared_parameters(root:str|Path)->set[str]:
                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
     return names
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #324b586f
 def check_keys(name:str, raw:dict, path:Path, root:Path)->None:
     "Fail on a key of profile `name` that neither the library nor any experiment notebook reads, suggesting close ones."
     known = _KNOWN | BUDGET_KEYS | BACKBONE_KEYS | PAPER_KEYS | declared_parameters(root)
@@ -212,6 +217,7 @@ def _parse(name:str, raw:dict, root:Path)->dict:
                 test_split=raw.get('test_split', 'test').strip(), device=device, dtype=dtype,
                 build=raw.get('build', '').strip(), autocast=autocast, experiments=raw.get('experiments', '').split(), **kw)
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #ed68af91
 def load_profile(name:str|None=None, # profile (section of settings.ini); default 'tiny'
                  settings:str|Path|None=None, # settings.ini to read (default: the project's)
                  **overrides, # values that replace the profile's, e.g. batch_size=8 (None values are ignored)
@@ -233,6 +239,7 @@ def load_profile(name:str|None=None, # profile (section of settings.ini); defaul
 # %% ../../nbs/reproduce/90_profiles.ipynb #82594d4e
 def _env_true(var:str)->bool: return os.environ.get(var, '').strip().lower() in _TRUE
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #1dc459d6
 def hub_reachable(timeout:float=3.0, # seconds to wait for an answer, DNS included
                   endpoint:str|None=None, # default: huggingface_hub's endpoint (HF_ENDPOINT)
                  )->bool:
@@ -260,6 +267,7 @@ class Source:
     how:str = ''   # how to provide it where it is missing
     split:str = '' # the split read, where the experiment fixes it (paper 002's sets); '' the profile's test split
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #2513f092
 _MODEL_HOW = "give a model folder (`save_pretrained`, or `hf download <hub id> --local-dir <folder>`)"
 _DATASET_HOW = ("give a DatasetDict saved with `save_to_disk`, or a download in the hub's layout "
                 "(`hf download --repo-type dataset <hub id> --local-dir <folder>`; `<folder>:<config>` picks a config)")
@@ -272,6 +280,7 @@ def _dataset_source(task:str, value:str, experiment:str='')->Source:
     kind = 'file' if isinstance(info, FileSource) and task != 'cifar10' else 'dataset'
     return Source(f'dataset.{task}', kind, value, info.how_to_save() if info else _DATASET_HOW, info.split if info and experiment[:1] == '2' else '')
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #df53edc2
 def _per_task(profile:Profile, kind:str, tasks)->dict[str, str]:
     "Task → expert / dataset of other tasks than the profile's own (e.g. experiment 10's seven), from its keys."
     raw, out = profile.raw, {}
@@ -287,6 +296,7 @@ def _clip_sources(profile:Profile, tasks)->list[Source]:
             + [Source(f'expert.{t}', 'model', v, _MODEL_HOW) for t, v in experts.items()]
             + [_dataset_source(t, v) for t, v in sets.items()])
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #103ea940
 def _robust_sources(profile:Profile, experiment:str)->list[Source]:
     from fusion_nb.robust.paper_data import EXPERIMENT_TASKS
     from fusion_nb.robust.zoo import checkpoint_sources
@@ -297,6 +307,7 @@ def _robust_sources(profile:Profile, experiment:str)->list[Source]:
                               "fusion_nb.robust.zoo), read as it is"))
     return out + [_dataset_source(t, v, experiment) for t, v in _per_task(profile, 'dataset', EXPERIMENT_TASKS[experiment[:2]]).items()]
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #9852ad92
 def _llava_sources(profile:Profile)->list[Source]:
     from fusion_nb.llava.benchmarks import BENCHMARKS, parse_benchmark_specs
     out = [Source('pretrained', 'model', profile.pretrained, _MODEL_HOW)]
@@ -326,6 +337,7 @@ def experiment_sources(profile:Profile, # a loaded profile
                           for v in profile.extra.get('soup_ingredients', '').split()]
     return out
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #eb8d6c28
 def profile_sources(profile:Profile)->list[Source]:
     "Every model, dataset and file the experiments of `profile` read, each once, in experiment order (no `experiments` key: its own)."
     from fusion_nb.reproduce.runner import profile_experiments
@@ -343,10 +355,12 @@ def _file_cached(source:str, cache_dir=None)->bool:
     repo, _, file = source.partition(':')
     return isinstance(try_to_load_from_cache(repo, file or 'model.pt', cache_dir=cache_dir), str)
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #99c3c531
 def _local_there(s:Source)->bool:
     from fusion_nb.pools import local_dataset
     return (local_dataset(s.value)[0] if s.kind == 'dataset' else Path(s.value)).expanduser().exists()
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #d6a803ab
 def source_problems(profile:Profile, # the profile about to run
                     reachable:bool=True, # is the hub reachable? (False: hub sources must be in the local caches)
                    )->list[str]:
@@ -370,6 +384,7 @@ def _model_cached(source:str, cache_dir=None)->bool:
     except Exception: return False
     return any(d.glob('*.safetensors')) or any(d.glob('*.bin'))
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #182c5c8f
 def _dataset_cached(source:str, cache_dir=None)->bool:
     from datasets import config
     from datasets.naming import camelcase_to_snakecase
@@ -378,6 +393,7 @@ def _dataset_cached(source:str, cache_dir=None)->bool:
     folder = Path(cache_dir or config.HF_DATASETS_CACHE)/'___'.join(filter(None, [owner, camelcase_to_snakecase(ds)]))
     return any(Path(p).is_dir() for p in glob.glob(str(folder/(glob.escape(cfg) if cfg else '*')/'*'/'*')))
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #cffe8cb7
 def missing_from_cache(profile:Profile, # profile whose hub models, datasets and files to look for
                        hub_cache:str|Path|None=None, # default: huggingface_hub's cache
                        datasets_cache:str|Path|None=None, # default: datasets' cache
@@ -388,7 +404,6 @@ def missing_from_cache(profile:Profile, # profile whose hub models, datasets and
              'file': lambda v: _file_cached(v, hub_cache)}
     return ([s.value for s in hub if s.kind == 'model' and not there['model'](s.value)] +
             [f"{k} {s.value}" for k in ('dataset', 'file') for s in hub if s.kind == k and not there[k](s.value)])
-
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #62f7194e
 def _hub_error(profile:Profile, missing:list[str])->FusionError:
@@ -401,16 +416,19 @@ def _hub_error(profile:Profile, missing:list[str])->FusionError:
         "copy it (HF_HOME) here; with everything cached the profile runs offline. A local path no hub gives is provided as its line "
         "says. The offline default is `--profile tiny`.")
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #c906e45b
 def _sources_error(profile:Profile, problems:list[str])->FusionError:
     return FusionError(f"profile {profile.name!r} cannot run: {len(problems)} of the sources its experiments read are missing or "
                        "unreadable:\n  - " + "\n  - ".join(problems))
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #9534260b
 def _read_splits(profile:Profile)->dict[str, tuple[str, str]]:
     "Task → (local dataset, the split its tables evaluate: `test_splits` task:split, else `test_split`)."
     splits = dict(kv.split(':', 1) for kv in profile.extra.get('test_splits', '').split() if ':' in kv)
     return {s.key.split('.', 1)[1]: (s.value, s.split or splits.get(s.key.split('.', 1)[1], profile.test_split)) for s in profile_sources(profile)
             if s.kind == 'dataset' and s.key.startswith('dataset.') and is_local(s.value)}
 
+# %% ../../nbs/reproduce/90_profiles.ipynb #19dd3a42
 def prepare(profile:Profile, # the profile about to run
             build:bool=True, # run the profile's builder (`profile.build`) if set
             progress:bool=True, # progress bars while building

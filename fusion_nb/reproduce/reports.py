@@ -45,9 +45,11 @@ def _flat(labels:pd.Index)->pd.Index:
     if isinstance(labels, pd.MultiIndex): return pd.Index([' / '.join(map(str, t)) for t in labels], name=' / '.join(map(str, filter(None, labels.names))) or None)
     return labels
 
+# %% ../../nbs/reproduce/91_reports.ipynb #f89faf09
 def _is_comparison(df:pd.DataFrame)->bool:
     return isinstance(df.columns, pd.MultiIndex) and df.columns.nlevels == 2 and set(df.columns.get_level_values(1)) <= set(_CMP)
 
+# %% ../../nbs/reproduce/91_reports.ipynb #0ee14067
 def _compact(df:pd.DataFrame, floatfmt:str)->pd.DataFrame:
     "A comparison table with one column per task: `reproduced / reported (difference)`."
     cols = list(dict.fromkeys(df.columns.get_level_values(0)))
@@ -58,6 +60,7 @@ def _compact(df:pd.DataFrame, floatfmt:str)->pd.DataFrame:
     out.index.name = f"{df.index.name or ''} (reproduced / reported (difference))".strip()
     return out
 
+# %% ../../nbs/reproduce/91_reports.ipynb #2bce0046
 def to_markdown(df:pd.DataFrame, floatfmt:str='.1f')->str:
     "A GitHub markdown table of `df` (index included; two-level labels joined; comparisons compacted)."
     if _is_comparison(df): df = _compact(df, floatfmt)
@@ -65,6 +68,7 @@ def to_markdown(df:pd.DataFrame, floatfmt:str='.1f')->str:
     df = df.astype(object).where(df.notna(), None)   # a cell that does not apply: the papers' dash, not `nan` (the .csv keeps NaN)
     return df.to_markdown(floatfmt=floatfmt, missingval='–')
 
+# %% ../../nbs/reproduce/91_reports.ipynb #d64e8ddf
 def save_table(df:pd.DataFrame, # table to save
                out_dir:str|Path, # folder
                name:str, # file stem: writes name.csv and name.md
@@ -79,11 +83,13 @@ def save_table(df:pd.DataFrame, # table to save
     atomic_write_text(out/f'{name}.md', md)
     return {'csv': out/f'{name}.csv', 'md': out/f'{name}.md'}
 
+# %% ../../nbs/reproduce/91_reports.ipynb #c60be4e3
 def save_records(records:pd.DataFrame, out_dir:str|Path, name:str='results')->Path:
     "Write tidy records as `name.csv`, atomically."
     buf = io.StringIO(); records.to_csv(buf, index=False)
     return atomic_write_text(Path(out_dir)/f'{name}.csv', buf.getvalue())
 
+# %% ../../nbs/reproduce/91_reports.ipynb #6188e927
 def save_figure(fig, # a matplotlib figure
                 out_dir:str|Path, name:str, # writes name.png (and name.pdf)
                 pdf:bool=True, # also write a PDF
@@ -107,6 +113,7 @@ def load_paper_values(root:str|Path|None=None, # project root (default: the one 
     if not files: return pd.DataFrame(columns=PAPER_VALUE_COLUMNS)
     return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
 
+# %% ../../nbs/reproduce/91_reports.ipynb #01a5104e
 class _RowLabels(Mapping):
     "Row name → label as tables print it: a declared method's `label`, or one of the rows that are not methods."
     NOT_METHODS = {'pretrained': 'Pre-trained', 'finetuned': 'Fine-tuned (STL)'}
@@ -120,6 +127,7 @@ class _RowLabels(Mapping):
     def __iter__(self): return iter([*self.NOT_METHODS, *self._methods().names()])
     def __len__(self): return len(self.NOT_METHODS) + len(self._methods())
 
+# %% ../../nbs/reproduce/91_reports.ipynb #bdda316a
 ROW_LABELS = _RowLabels()  # `table.rename(index=ROW_LABELS)`; unknown rows keep their names
 
 def paper_table(paper_values:pd.DataFrame, # tidy paper values (`load_paper_values()`)
@@ -136,6 +144,7 @@ def paper_table(paper_values:pd.DataFrame, # tidy paper values (`load_paper_valu
     wide = v.assign(task=v['task'].replace({'avg': 'Avg.'})).pivot_table(index='method', columns='task', values='value', aggfunc='first')
     return wide.reindex(index=[m for m in methods if m in wide.index], columns=[*tasks, 'Avg.'])
 
+# %% ../../nbs/reproduce/91_reports.ipynb #232829ed
 def compare_with_paper(reproduced:pd.DataFrame, # wide table (rows = methods, columns = tasks, percent)
                        reported:pd.DataFrame, # wide table of the paper's values, same row/column names
                       )->pd.DataFrame:
@@ -162,6 +171,7 @@ def _samples(meta:dict)->str:
     n = (meta.get('profile') or {}).get('max_test_samples')
     return 'test samples: unknown' if n is None else f'at most {n} test samples per task' if n else 'full test splits'
 
+# %% ../../nbs/reproduce/91_reports.ipynb #4e41c50e
 def headline_numbers(profile_dir:str|Path, # outputs/<profile>
                      rows:dict[str, Sequence[str]]=HEADLINE_ROWS, # experiment → table rows
                     )->pd.DataFrame:
@@ -189,6 +199,7 @@ def _title(exp:Path)->str:
             return src.splitlines()[0].lstrip('#').strip() if src.startswith('# ') else ''
     return ''
 
+# %% ../../nbs/reproduce/91_reports.ipynb #1619d058
 def write_report(profile_dir:str|Path, # outputs/<profile>
                  profile, # the `Profile` (or just its name)
                  failed:Sequence[str]=(), # experiments that failed in this run

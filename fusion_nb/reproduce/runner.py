@@ -31,11 +31,13 @@ def experiments_dir(root:str|Path|None=None)->Path:
     "The folder of experiment notebooks: `<root>/nbs/experiments`."
     return Path(root or project_root())/'nbs'/'experiments'
 
+# %% ../../nbs/reproduce/92_runner.ipynb #dbfa8377
 def list_experiments(root:str|Path|None=None)->list[str]:
     "Experiment names (notebook stems), in run order (by name)."
     d = experiments_dir(root)
     return sorted(p.stem for p in d.glob('*.ipynb') if not p.name.startswith(('_', '.'))) if d.exists() else []
 
+# %% ../../nbs/reproduce/92_runner.ipynb #cd6de840
 def read_notebook(nb_path:str|Path)->dict:
     "An experiment notebook's JSON; a FusionError naming the file when it is not a notebook (empty, truncated, not JSON)."
     try:
@@ -46,6 +48,7 @@ def read_notebook(nb_path:str|Path)->dict:
                           "fix it, or move it out of nbs/experiments") from None
     return nb
 
+# %% ../../nbs/reproduce/92_runner.ipynb #ccf9d496
 def experiment_title(nb_path:str|Path)->str:
     "The title of an experiment notebook: its first `# heading`."
     for c in read_notebook(nb_path)['cells']:
@@ -54,6 +57,7 @@ def experiment_title(nb_path:str|Path)->str:
             return src.splitlines()[0].lstrip('#').strip() if src.startswith('# ') else ''
     return ''
 
+# %% ../../nbs/reproduce/92_runner.ipynb #c5d510af
 def select_experiments(names:Sequence[str], # the available experiments
                        only:Sequence[str]|None=None, # wanted: names, `name.ipynb`, unique prefixes (`00`), comma lists
                       )->list[str]:
@@ -78,6 +82,7 @@ DATA_BUILDERS = ('tiny.build',)   # the profile's builder (`prepare`): its outpu
 
 def _package_dir()->Path: return Path(fusion_nb.__file__).parent
 
+# %% ../../nbs/reproduce/92_runner.ipynb #e08fb4e1
 def _imported(tree:ast.AST, module:str='', is_pkg:bool=False)->set[str]:
     "Dotted names a source imports anywhere (in functions too; relative ones resolved), `a.b.c` attribute chains and `import_module('...')`."
     out = set()
@@ -104,6 +109,7 @@ def _modules(pkg:Path)->dict[str, Path]:
     files = [f for f in sorted(pkg.rglob('*.py')) if '__pycache__' not in f.parts and f.name != '_modidx.py']
     return {'.'.join((pkg.name, *f.relative_to(pkg).with_suffix('').parts)).removesuffix('.__init__'): f for f in files}
 
+# %% ../../nbs/reproduce/92_runner.ipynb #a665ff8b
 def _resolve(names, mods:Mapping[str, Path], pkg_name:str)->set[str]:
     "The package's modules `names` run: the longest module prefix of each, and the packages above it (their `__init__`)."
     out = set(mods) if '*' in names else set()
@@ -112,6 +118,7 @@ def _resolve(names, mods:Mapping[str, Path], pkg_name:str)->set[str]:
         while name: out.add(name); name = name.rpartition('.')[0]
     return {m for m in out if m == pkg_name or m.startswith(pkg_name + '.')}
 
+# %% ../../nbs/reproduce/92_runner.ipynb #b7cafea4
 def import_graph(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
                 )->dict[str, set[str]]:
     "Module → the package's modules it imports (anywhere in its source); edges into `DATA_BUILDERS` left out."
@@ -139,6 +146,7 @@ def notebook_imports(nb_path:str|Path)->set[str]:
                 with contextlib.suppress(SyntaxError): out |= _imported(ast.parse(l.strip()))
     return out
 
+# %% ../../nbs/reproduce/92_runner.ipynb #836e3daf
 def code_fingerprint(nb_path:str|Path, # the experiment notebook
                      pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
                     )->dict[str, str]:
@@ -156,6 +164,7 @@ def notebook_parameters(path:str|Path)->dict:
     read_notebook(path)   # a broken notebook is named, not a raw traceback from papermill
     return papermill.inspect_notebook(str(path))
 
+# %% ../../nbs/reproduce/92_runner.ipynb #8d9c9690
 def experiment_parameters(nb_path:str|Path, # the experiment notebook
                           profile:Profile, # the profile it runs for
                           overrides:Mapping|None=None, # values replacing the profile's (a sweep's point); each must be declared
@@ -173,12 +182,15 @@ def experiment_parameters(nb_path:str|Path, # the experiment notebook
     values = profile.params()
     return {'profile': profile.name, **{k: values[k] for k in settable if k in values and k != 'name'}, **dict(overrides or {})}
 
+# %% ../../nbs/reproduce/92_runner.ipynb #fad6faf5
 def _sha(obj)->str: return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
+# %% ../../nbs/reproduce/92_runner.ipynb #22a55cc7
 def notebook_hash(nb_path:str|Path)->str:
     "Hash of a notebook's cells (type and source; outputs, ids and metadata do not count)."
     return _sha([(c['cell_type'], ''.join(c['source'])) for c in read_notebook(nb_path)['cells']])
 
+# %% ../../nbs/reproduce/92_runner.ipynb #342cf9ad
 def package_hash(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
                 )->str:
     "Hash of all the fusion_nb package's sources (the merge CLI's provenance; an experiment counts only its `code_fingerprint`)."
@@ -190,10 +202,12 @@ def package_hash(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's
         h.update(rel.encode()); h.update(f.read_bytes())
     return h.hexdigest()
 
+# %% ../../nbs/reproduce/92_runner.ipynb #aa354019
 def hash_cache(profile:Profile)->Path:
     "Where the runner keeps file hashes between runs: `<root>/data/cache/file_hashes` (git-ignored)."
     return profile.root/'data'/'cache'/'file_hashes'
 
+# %% ../../nbs/reproduce/92_runner.ipynb #fbace80e
 def second_backbone_sources(profile:Profile)->list[str]:
     "The second backbone's pretrained model and experts (paper 001's Table s6), when the profile names one."
     from fusion_nb.tiny.second_backbone import backbone_profile, profile_backbones   # the one reader of its profile keys
@@ -201,6 +215,7 @@ def second_backbone_sources(profile:Profile)->list[str]:
     second = backbone_profile(profile, 1, build=False)
     return [second.pretrained, *second.experts.values()]
 
+# %% ../../nbs/reproduce/92_runner.ipynb #c41e828a
 def data_fingerprint(profile:Profile)->dict:
     "What the profile's local data is, by content: the built benchmark's files and those of other local sources."
     out, built = {}, None
@@ -217,6 +232,7 @@ def data_fingerprint(profile:Profile)->dict:
         out[src] = _sha(files) if files else 'missing'
     return out
 
+# %% ../../nbs/reproduce/92_runner.ipynb #1cacadcf
 def experiment_inputs(nb_path:str|Path, # the experiment notebook
                       params:dict, # its papermill parameters (`experiment_parameters`)
                       profile:Profile|None=None, # the profile it runs for
@@ -241,10 +257,12 @@ def _env(**values):
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
 
+# %% ../../nbs/reproduce/92_runner.ipynb #1e42c318
 def _kernel_pythonpath()->str:
     "PYTHONPATH that makes a kernel or Ray worker import this fusion_nb (the one `code_fingerprint` read), then the caller's."
     return os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
 
+# %% ../../nbs/reproduce/92_runner.ipynb #ee92ba8c
 def _kernel_manager(stderr, started:list|None=None):
     "A kernel manager class whose kernels write their stderr to the file `stderr` (a Ctrl-C's shutdown tracebacks stay out of the terminal), listed in `started`."
     from jupyter_client.manager import AsyncKernelManager
@@ -255,6 +273,7 @@ def _kernel_manager(stderr, started:list|None=None):
             return out
     return KernelManager
 
+# %% ../../nbs/reproduce/92_runner.ipynb #531d2378
 @contextlib.contextmanager
 def _ctrl_c_kills(kernels:list, interrupted:list):
     "While the block runs, SIGINT kills the kernels (their own session: a terminal's Ctrl-C never reaches them) and raises KeyboardInterrupt."
@@ -269,14 +288,17 @@ def _ctrl_c_kills(kernels:list, interrupted:list):
     try: yield
     finally: signal.signal(signal.SIGINT, previous)
 
+# %% ../../nbs/reproduce/92_runner.ipynb #ea180a68
 def _last_line(e:BaseException)->str:
     lines = [l for l in str(e).strip().splitlines() if l.strip()]
     return lines[-1].strip() if lines else type(e).__name__
 
+# %% ../../nbs/reproduce/92_runner.ipynb #ef4338be
 def _output_hashes(folder:Path, cache:Path|None=None)->dict:
     "Content hashes of an experiment's outputs (its `inputs.json` excepted)."
     return {f: h for f, h in file_hashes(folder, cache).items() if f != 'inputs.json'}
 
+# %% ../../nbs/reproduce/92_runner.ipynb #d96e9081
 def _what_changed(recorded:dict, inputs:dict)->str:
     "'inputs changed (...)', naming which: notebook, parameters, profile, data, version, or the changed code files."
     if not isinstance(recorded.get('code'), dict):   # an inputs.json of a runner that fingerprinted the whole package
@@ -287,6 +309,7 @@ def _what_changed(recorded:dict, inputs:dict)->str:
     if code: parts.append(f"code: {', '.join(code[:3])}{' ...' if len(code) > 3 else ''}")
     return f"inputs changed ({'; '.join(parts)})" if parts else 'inputs changed'
 
+# %% ../../nbs/reproduce/92_runner.ipynb #3d626e78
 def why_rerun(out:Path, # the experiment's output folder
               inputs:dict, # its current inputs (`experiment_inputs`)
               cache:Path|None=None, # file-hash cache (`hash_cache`)
@@ -301,6 +324,7 @@ def why_rerun(out:Path, # the experiment's output folder
     if edited: return f"outputs changed since the runner wrote them ({', '.join(edited[:3])}{' ...' if len(edited) > 3 else ''})"
     return None
 
+# %% ../../nbs/reproduce/92_runner.ipynb #7b3a5300
 def foreign_files(out:Path, # an experiment's output folder
                  )->list[str]:
     "What lies in `out` that the runner did not write (not `inputs.json` nor one of the outputs it lists); Jupyter's checkpoints aside."
@@ -313,6 +337,7 @@ def foreign_files(out:Path, # an experiment's output folder
              and (not p.is_dir() or p.is_symlink() or not any(p.iterdir()))]   # files, links and empty folders
     return [f for f in found if f not in owned]
 
+# %% ../../nbs/reproduce/92_runner.ipynb #fd080438
 def check_owned(out:Path, label:str)->None:
     "Refuse to replace output folder `out` while it holds something the runner did not write (replacing it would delete that)."
     if not (foreign := foreign_files(out)): return
@@ -320,7 +345,7 @@ def check_owned(out:Path, label:str)->None:
                       f"{' ...' if len(foreign) > 5 else ''}); a rerun replaces that folder whole, which would delete them. "
                       "Move them out of it (the runner owns outputs/<profile>/<experiment>/: it keeps nothing else there)")
 
-
+# %% ../../nbs/reproduce/92_runner.ipynb #25ac7af9
 def kernel_threads()->int:
     "Torch threads an experiment's kernel computes with: `OMP_NUM_THREADS` if set, else torch's default here (same machine)."
     n = os.environ.get('OMP_NUM_THREADS', '').strip()
@@ -333,6 +358,7 @@ def _record_failure(marker:Path, e:BaseException, inputs:dict)->None:
     atomic_write_text(marker, json.dumps({'error': _last_line(e), 'type': type(e).__name__, 'inputs': inputs['hash'],
                                           'when': datetime.datetime.now().isoformat(timespec='seconds')}, indent=1))
 
+# %% ../../nbs/reproduce/92_runner.ipynb #7df2678c
 def recorded_failures(profile_dir:str|Path)->dict[str, dict]:
     "Experiments whose last run failed and has not succeeded since: name → the failure record."
     out = {}
@@ -341,6 +367,7 @@ def recorded_failures(profile_dir:str|Path)->dict[str, dict]:
         except (OSError, ValueError): out[m.name.removesuffix('.failed.json')] = {'error': f'(unreadable record {m})'}
     return out
 
+# %% ../../nbs/reproduce/92_runner.ipynb #a6c9c135
 def experiment_paths(name:str, # experiment (notebook stem)
                      profile:Profile, # profile it runs for
                      output_root:str|Path|None=None, # default: <root>/outputs
@@ -351,6 +378,7 @@ def experiment_paths(name:str, # experiment (notebook stem)
     out = Path(folder).resolve() if folder else Path(output_root or profile.root/'outputs').resolve()/profile.name/name
     return nb, out, out.with_name(f'{out.name}.failed.ipynb'), out.with_name(f'{out.name}.failed.json')
 
+# %% ../../nbs/reproduce/92_runner.ipynb #7426cc55
 def run_reason(name:str, profile:Profile, output_root:str|Path|None=None, force:bool=False,
                overrides:Mapping|None=None, folder:str|Path|None=None)->tuple[str|None, dict]:
     "(why experiment `name` must run, None when it is up to date; its inputs): what `run_experiment` decides on."
@@ -359,6 +387,7 @@ def run_reason(name:str, profile:Profile, output_root:str|Path|None=None, force:
     why = 'forced' if force else 'it failed in an earlier run' if marker.exists() else why_rerun(out, inputs, hash_cache(profile))
     return why, inputs
 
+# %% ../../nbs/reproduce/92_runner.ipynb #4f69972f
 def record_failure(name:str, profile:Profile, error:BaseException, output_root:str|Path|None=None,
                    overrides:Mapping|None=None, folder:str|Path|None=None)->Path:
     "Record a failure that happened outside the notebook (its process was killed): the next run retries it."
@@ -366,6 +395,7 @@ def record_failure(name:str, profile:Profile, error:BaseException, output_root:s
     _record_failure(marker, error, run_reason(name, profile, output_root, False, overrides, folder)[1])
     return marker
 
+# %% ../../nbs/reproduce/92_runner.ipynb #407e335e
 def run_experiment(name:str, # experiment (notebook stem)
                    profile:Profile, # profile to run it for
                    output_root:str|Path|None=None, # default: <root>/outputs
@@ -432,6 +462,7 @@ def ray_module():
                           "(or pip install ray); the default backend, local, needs nothing") from None
     return ray
 
+# %% ../../nbs/reproduce/92_runner.ipynb #37036a49
 def run_local(jobs:Mapping[str, dict], # label → keyword arguments of `run_experiment` (name, overrides, folder)
               profile:Profile, output_root:str|Path|None=None, force:bool=False, progress:bool=True, log=print,
              )->dict[str, str]:
@@ -450,6 +481,7 @@ def _ray_task(job:dict, profile:Profile, output_root, force:bool, env:dict)->tup
     status = run_experiment(profile=profile, output_root=output_root, force=force, progress=False, log=lines.append, **job)
     return status, lines
 
+# %% ../../nbs/reproduce/92_runner.ipynb #3cc95c9e
 RAY_CONNECT_TIMEOUT = 10.0   # seconds to reach a Ray cluster's address (ray.init alone retries for minutes)
 RAY_JOIN_TIMEOUT = 60.0      # seconds for ray.init to join the cluster there (something that answers but is no Ray cluster)
 
@@ -476,6 +508,7 @@ def check_ray_address(address:str|None, # `host:port` or `ray://host:port`; None
                           "but not as a Ray cluster does; check --address (or $RAY_ADDRESS)") from None
     if r.returncode: raise FusionError(f"could not join the Ray cluster at {address!r}: {_last_line(Exception(r.stderr))}")
 
+# %% ../../nbs/reproduce/92_runner.ipynb #f47badb6
 def _connect(ray, address:str|None, profile:Profile, log)->None:
     "Join (or start) the Ray cluster; fail at once if one experiment asks for more than it has (it would wait forever)."
     if not ray.is_initialized():   # else: a session the caller opened (tests, notebooks)
@@ -488,6 +521,7 @@ def _connect(ray, address:str|None, profile:Profile, log)->None:
             raise FusionError(f"profile {profile.name!r}: {key} = {getattr(profile, key):g}, but the Ray cluster has "
                               f"{have.get(res, 0):g} {res}(s); lower it in settings.ini or add nodes")
 
+# %% ../../nbs/reproduce/92_runner.ipynb #ca23d7fa
 def _submit(ray, jobs:Mapping[str, dict], profile:Profile, output_root, force:bool)->dict:
     "Ray task per job with the profile's resources, the driver's environment and fusion_nb sources; ObjectRef → label."
     env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
@@ -527,6 +561,7 @@ def run_on_ray(jobs:Mapping[str, dict], # label → keyword arguments of `run_ex
         raise
     return {label: status[label] for label in jobs}
 
+# %% ../../nbs/reproduce/92_runner.ipynb #bda645db
 def run_jobs(jobs:Mapping[str, dict], profile:Profile, output_root:str|Path|None=None, force:bool=False,
              progress:bool=True, log=print, backend:str='local', address:str|None=None)->dict[str, str]:
     "Run the jobs on `backend` ('local' or 'ray'); label → status."
@@ -534,6 +569,7 @@ def run_jobs(jobs:Mapping[str, dict], profile:Profile, output_root:str|Path|None
     if address: raise FusionError(f"--address is for the ray backend; the {backend!r} backend runs here")
     return run_local(jobs, profile, output_root, force, progress, log)
 
+# %% ../../nbs/reproduce/92_runner.ipynb #21eeac24
 def check_backend(backend:str)->None:
     "Fail before anything runs on an unknown backend, or on `ray` without Ray installed."
     if backend not in BACKENDS: raise UnknownNameError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
@@ -568,6 +604,7 @@ def _on_disk(profile:Profile)->str:
     models, data = len(list(base.glob('models/*/config.json'))), len(list(base.glob('datasets/*/dataset_dict.json')))
     return f"{models} model(s) and {data} dataset(s) on disk"
 
+# %% ../../nbs/reproduce/92_runner.ipynb #87e049d2
 def prepare_logged(profile:Profile, # the profile about to run
                    progress:bool=True, # progress wanted (`progress_mode` decides bars or lines)
                    log=print)->Profile:
@@ -594,6 +631,7 @@ def profile_experiments(profile:Profile, # a loaded profile (its `experiments` k
                           "key experiments in settings.ini)")
     return [n for n in wanted if n in own]
 
+# %% ../../nbs/reproduce/92_runner.ipynb #e1dd9e29
 def reproduce(profile:str|None=None, # profile name (default: tiny)
               only:Sequence[str]|None=None, # experiment names (default: all), see `select_experiments`
               force:bool=False, # rerun up-to-date experiments
@@ -641,12 +679,14 @@ def _typed(value:str, like, name:str):
     try: return ast.literal_eval(value)   # default None or a list: numbers, lists, None as written; text stays text
     except (ValueError, SyntaxError): return value
 
+# %% ../../nbs/reproduce/92_runner.ipynb #0007aa17
 def _default(declared:dict, name:str, profile:Profile|None):
     "The value parameter `name` has without a sweep: the notebook's literal default, else (None) the profile's value."
     try: value = ast.literal_eval(declared[name].get('default') or 'None')
     except (ValueError, SyntaxError): value = None   # an expression
     return profile.params().get(name) if value is None and profile is not None else value
 
+# %% ../../nbs/reproduce/92_runner.ipynb #53f0fe28
 def sweep_points(nb_path:str|Path, # the experiment notebook
                  grid:Mapping[str, Sequence], # parameter → values (strings typed like the parameter's default, see `_default`)
                  profile:Profile|None=None, # the profile whose values the notebook's None defaults stand for
@@ -662,6 +702,7 @@ def sweep_points(nb_path:str|Path, # the experiment notebook
     typed = {k: [_typed(v, _default(declared, k, profile), k) if isinstance(v, str) else v for v in vs] for k, vs in grid.items()}
     return [dict(zip(typed, combo)) for combo in itertools.product(*typed.values())]
 
+# %% ../../nbs/reproduce/92_runner.ipynb #2b74ff50
 def point_name(point:Mapping)->str:
     "The folder of a sweep's point: `name=value` pairs joined by `,`, other characters than `\\w.=+,-` as `_`."
     return re.sub(r'[^\w.=+,-]', '_', ','.join(f'{k}={v}' for k, v in point.items()))
@@ -685,6 +726,7 @@ def merge_sweep(sweep_dir:str|Path, # outputs/sweeps/<profile>/<experiment>
     atomic_write_text(out, pd.concat(frames, ignore_index=True).to_csv(index=False))
     return out
 
+# %% ../../nbs/reproduce/92_runner.ipynb #f66a9c7b
 def sweep(notebook:str, # the experiment: name, unique prefix or notebook path
           grid:Mapping[str, Sequence], # parameter → values (see `sweep_points`)
           profile:str|None=None, # profile name (default: tiny)
@@ -724,6 +766,7 @@ def _add_backend_options(p:argparse.ArgumentParser)->None:
     p.add_argument('--address', default=None, help='the Ray cluster to join (--backend ray; default: a local instance, or $RAY_ADDRESS); '
                         'an address that does not answer fails within 10 s, one that is no Ray cluster within 60 s')
 
+# %% ../../nbs/reproduce/92_runner.ipynb #3c63224e
 def _add_sweep_parser(sub)->None:
     s = sub.add_parser('sweep', help='run one experiment notebook over a grid of parameters; merge its results.csv')
     s.add_argument('notebook', help='the experiment: name, unique prefix or notebook path')
@@ -735,6 +778,7 @@ def _add_sweep_parser(sub)->None:
     s.add_argument('--no-progress', action='store_true', help='no progress bars')
     _add_backend_options(s)
 
+# %% ../../nbs/reproduce/92_runner.ipynb #2f2f3527
 def _sweep_main(a)->int:
     grid = {}
     for name, *values in a.param:
@@ -749,6 +793,7 @@ def _sweep_main(a)->int:
         return 1
     return 0
 
+# %% ../../nbs/reproduce/92_runner.ipynb #3bd48ade
 def _parser()->argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog='fusion-nb', description='Reproduce the tables and figures of the fusion papers '
                                  'by running the experiment notebooks (nbs/experiments) for a profile of settings.ini.')
@@ -772,6 +817,7 @@ def _parser()->argparse.ArgumentParser:
     g.add_argument('--no-progress', action='store_true', help='no progress bars')
     return ap
 
+# %% ../../nbs/reproduce/92_runner.ipynb #6e6587b6
 def _list()->None:
     root = project_root()
     print(f"profiles (settings.ini; default tiny):")
@@ -785,6 +831,7 @@ def _list()->None:
         except FusionError as e: title = f"(unreadable: {e})"   # listed, named; reproduce refuses it
         print(f"  {n:<28} {title}")
 
+# %% ../../nbs/reproduce/92_runner.ipynb #76401369
 def main(argv:Sequence[str]|None=None)->int:
     "Entry point of the `fusion-nb` console script; returns the exit status."
     a = _parser().parse_args(argv)

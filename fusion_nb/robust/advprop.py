@@ -31,6 +31,7 @@ class DualBatchNorm2d(nn.Module):
         self.main, self.aux, self.route = nn.BatchNorm2d(channels), nn.BatchNorm2d(channels), 'main'
     def forward(self, x): return (self.aux if self.route == 'aux' else self.main)(x)
 
+# %% ../../nbs/robust/56_advprop.ipynb #bb9230c3
 def dual_convnet(width:int=16, classes:int=10)->nn.Module:
     "The zoo's ConvNet (`fusion_nb.robust.models.convnet`) with every BatchNorm made dual."
     m = convnet(width, classes)
@@ -38,6 +39,7 @@ def dual_convnet(width:int=16, classes:int=10)->nn.Module:
         if isinstance(layer, nn.BatchNorm2d): m[i] = DualBatchNorm2d(layer.num_features)
     return m
 
+# %% ../../nbs/robust/56_advprop.ipynb #3cd61398
 @contextlib.contextmanager
 def branch(model:nn.Module, route:str):
     "Inside the block, every `DualBatchNorm2d` of `model` uses its `route` ('main' or 'aux') statistics."
@@ -88,6 +90,7 @@ def advprop_train(model:nn.Module, # a `dual_convnet`, trained in place
             opt.zero_grad(); (F.cross_entropy(model(xb), yb) + adv_loss).backward(); opt.step()
     return model.eval()
 
+# %% ../../nbs/robust/56_advprop.ipynb #0563db9b
 def main_branch(model:nn.Module, width:int, classes:int)->nn.Module:
     "The plain ConvNet holding a dual model's main branch (its weights and main BatchNorms), in eval mode."
     plain = convnet(width, classes)

@@ -34,6 +34,7 @@ def check_norm(norm)->str:
     if key not in _NORM_ALIASES: raise UnknownNameError(f"unknown norm {norm!r}: expected one of {', '.join(NORMS)} (or p = inf, 2, 1)")
     return _NORM_ALIASES[key]
 
+# %% ../../nbs/robust/50_attacks.ipynb #1b6a832e
 def check_eps(eps:float)->float:
     "Return the attack radius `eps` if it is a finite positive number, else raise `HyperparameterError`."
     if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
@@ -79,12 +80,15 @@ def lp_norm(delta:torch.Tensor, # perturbations, batch first
     if norm == 'linf': return flat.abs().amax(1)
     return flat.norm(p=2 if norm == 'l2' else 1, dim=1)
 
+# %% ../../nbs/robust/50_attacks.ipynb #6807a389
 def _bcast(v, x): return v.view(-1, *[1] * (x.dim() - 1))  # a per-example scalar, shaped to multiply `x`
 
+# %% ../../nbs/robust/50_attacks.ipynb #168fff26
 def project_linf(x, x_adv, eps):
     "Exact projection of `x_adv` onto {‖x_adv − x‖∞ ≤ eps} ∩ [0, 1]^d (both are boxes)."
     return torch.minimum(torch.maximum(x_adv, x - eps), x + eps).clamp(0, 1)
 
+# %% ../../nbs/robust/50_attacks.ipynb #ba68d095
 def project_l2(x, x_adv, eps):
     "AutoAttack's ℓ2 step back: rescale x_adv − x onto the ℓ2 ball of radius eps, then clip to [0, 1]."
     delta = x_adv - x
@@ -114,10 +118,12 @@ def project_l1(x:torch.Tensor, # clean inputs in [0, 1], batch first
 def _check_classes(z, need, name):
     if z.shape[1] < need: raise HyperparameterError(f"the {name} loss needs at least {need} classes; the model has {z.shape[1]}")
 
+# %% ../../nbs/robust/50_attacks.ipynb #b625d534
 def ce_loss(z, y, target=None, clean=None):
     "Cross-entropy of the true class, per example."
     return F.cross_entropy(z, y, reduction='none')
 
+# %% ../../nbs/robust/50_attacks.ipynb #5fad44e7
 def dlr_loss(z, y, target=None, clean=None):
     "Difference of logits ratio (Croce & Hein 2020, eq. 6), per example."
     _check_classes(z, 3, 'DLR'); zs = z.sort(1, descending=True).values
@@ -125,17 +131,20 @@ def dlr_loss(z, y, target=None, clean=None):
     other = z.scatter(1, y[:, None], float('-inf')).amax(1)  # best logit of a wrong class
     return -(zy - other) / (zs[:, 0] - zs[:, 2] + 1e-12)
 
+# %% ../../nbs/robust/50_attacks.ipynb #6c4f4206
 def dlr_targeted_loss(z, y, target, clean=None):
     "Targeted DLR towards class `target` (Croce & Hein 2020, eq. 7), per example."
     _check_classes(z, 4, 'targeted DLR'); zs = z.sort(1, descending=True).values
     if target is None: raise HyperparameterError("the targeted DLR loss needs target classes")
     return -(z.gather(1, y[:, None]) - z.gather(1, target[:, None]))[:, 0] / (zs[:, 0] - (zs[:, 2] + zs[:, 3]) / 2 + 1e-12)
 
+# %% ../../nbs/robust/50_attacks.ipynb #0a44f517
 def kl_loss(z, y, target=None, clean=None):
     "KL(softmax(clean) ‖ softmax(z)) per example: the TRADES-style training attack of App. A.1."
     if clean is None: raise HyperparameterError("the KL loss needs the clean logits")
     return F.kl_div(F.log_softmax(z, 1), F.log_softmax(clean, 1), log_target=True, reduction='none').sum(1)
 
+# %% ../../nbs/robust/50_attacks.ipynb #54ee52d3
 LOSSES = {'ce': ce_loss, 'dlr': dlr_loss, 'dlr-targeted': dlr_targeted_loss, 'kl': kl_loss}
 
 def get_loss(name:str)->Callable:
@@ -151,6 +160,7 @@ def project(x, x_adv, norm, eps):
     if norm == 'l2': return project_l2(x, x_adv, eps)
     return (x + project_l1(x, x_adv - x, eps)).clamp(0, 1)  # the clamp only removes float rounding
 
+# %% ../../nbs/robust/50_attacks.ipynb #c36d75a6
 def ascent_direction(grad:torch.Tensor, # loss gradient w.r.t. the input
                      norm, # 'linf', 'l2' or 'l1'
                      topk:torch.Tensor|float=0.2, # ℓ1 only: fraction of coordinates moved (per example or one for all)
@@ -166,6 +176,7 @@ def ascent_direction(grad:torch.Tensor, # loss gradient w.r.t. the input
     sparse = flat.sign() * (flat.abs() >= thresh)
     return (sparse / sparse.abs().sum(1, keepdim=True).clamp_min(1e-10)).view_as(grad)
 
+# %% ../../nbs/robust/50_attacks.ipynb #25c109e3
 def random_start(x, norm, eps, generator=None):
     "A random point of Δ_p(x) (AutoAttack's start: on the ℓ∞ / ℓ2 sphere, or a projected Gaussian for ℓ1)."
     norm = check_norm(norm)
@@ -188,12 +199,14 @@ class AttackResult:
         "Robust accuracy: the fraction of examples that withstood the attack."
         return float(self.robust.float().mean()) if len(self.robust) else float('nan')
 
+# %% ../../nbs/robust/50_attacks.ipynb #b70796ce
 def _check_batch(model, x, y):
     if not callable(model): raise FusionError(f"model must be callable (an nn.Module or a function of a batch); got {type(model).__name__}")
     if not torch.is_tensor(x) or not x.is_floating_point(): raise FusionError("x must be a floating-point tensor of images in [0, 1]")
     if x.dim() < 2 or y.shape != x.shape[:1]: raise FusionError(f"x (shape {tuple(x.shape)}) and y (shape {tuple(y.shape)}) must be a batch of the same length")
     if len(x) and (float(x.min()) < 0 or float(x.max()) > 1): raise FusionError(f"inputs must lie in [0, 1] (the threat model's box); got [{float(x.min()):.3g}, {float(x.max()):.3g}]")
 
+# %% ../../nbs/robust/50_attacks.ipynb #07a2348a
 def _loss_and_grad(model, x_adv, y, loss_fn, target, clean):
     "Per-example loss, its input gradient, and the logits."
     x_adv = x_adv.detach().requires_grad_(True)
@@ -290,13 +303,13 @@ def largereps_schedule(steps:int)->list[tuple[float, int]]:
     if steps - a - b < 1: raise HyperparameterError(f"largereps needs steps >= 3 (three stages); got steps={steps}")
     return [(3.0, a), (2.0, b), (1.0, steps - a - b)]
 
+# %% ../../nbs/robust/50_attacks.ipynb #07878851
 def _apgd_largereps(model, x, y, eps, steps, loss_fn, target, clean, x0):
     for mult, n in largereps_schedule(steps):
         x0 = project(x, x0, 'l1', mult * eps)  # onto this stage's ball
         last = mult == 1.0
         x0, ok, lo = _apgd_run(model, x, y, 'l1', mult * eps, n, loss_fn, target, clean, x0, keep_best=not last)
     return x0, ok, lo
-
 
 # %% ../../nbs/robust/50_attacks.ipynb #0e92ea39
 def _run_attack(model, x, y, norm, eps, steps, loss, restarts, seed, method, step_size=None, random_start=True, topk=0.01,
@@ -376,6 +389,7 @@ def threat_models(dataset:str='cifar10', # 'cifar10' or 'imagenet'
     "Paper 002's attacks for a dataset and protocol, one dict per threat model (as `budget` returns)."
     return [budget(dataset, n, protocol) for n in norms]
 
+# %% ../../nbs/robust/50_attacks.ipynb #5e113e2c
 def robust_accuracy(model:Callable, # classifier of images in [0, 1]
                     x:torch.Tensor, # clean images
                     y:torch.Tensor, # labels

@@ -37,6 +37,7 @@ def to_tensors(ds)->tuple[torch.Tensor, torch.Tensor]:
     x = np.stack([np.asarray(im.convert('RGB'), dtype=np.uint8) for im in ds['image']])
     return torch.from_numpy(x).permute(0, 3, 1, 2).float().div(255), torch.tensor(ds['label'], dtype=torch.long)
 
+# %% ../../nbs/robust/52_models.ipynb #3e32803f
 def cifar10_standin(split:str='train', # 'train', 'validation' or 'test'
                     n:int=1000, # images (the tiny benchmark's train split has 1000)
                     seed:int=0, # rendering seed

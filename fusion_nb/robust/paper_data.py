@@ -51,6 +51,7 @@ def preprocess(im:Image.Image, # any size and mode
     left, top = (w - side) // 2, (h - side) // 2
     return torch.from_numpy(np.array(im.crop((left, top, left + side, top + side)), dtype=np.uint8)).permute(2, 0, 1)
 
+# %% ../../nbs/robust/55_paper_data.ipynb #5e6ed8a0
 def to_input(x:torch.Tensor, device=None)->torch.Tensor:
     "A batch as the models' input: uint8 → float in [0, 1]; float tensors (the stand-ins) as they are; on `device`."
     x = x.to(device) if device is not None else x
@@ -75,6 +76,7 @@ class EvalSet:
         a = self.accepted if rows is None else self.accepted[rows]
         return a[torch.arange(len(a)), self.decide(scores).to(a.device)]
 
+# %% ../../nbs/robust/55_paper_data.ipynb #ae259212
 def standin_set(x, y, accepted=None, meta=None)->EvalSet:
     "A stand-in set of the tiny profile: its labels are the models' classes."
     k = accepted.shape[1] if accepted is not None else int(y.max()) + 1
@@ -90,6 +92,7 @@ def read_split(source:str, # hub id[:config], a save_to_disk folder or a downloa
         raise FusionError(f"{task}: no dataset folder at {source}: {PAPER002_SOURCES[task].how_to_save() if task in PAPER002_SOURCES else ''}")
     return load_split(source, split, task)
 
+# %% ../../nbs/robust/55_paper_data.ipynb #90c5b264
 def sample_rows(n_rows:int, n:int, seed:int=0)->np.ndarray:
     "Which rows of a set of `n_rows` to evaluate: all in order when n ≥ n_rows, else a seeded random `n`, sorted."
     check_range('n', n, 1)
@@ -105,6 +108,7 @@ def _tensor_set(ds, rows, dataset:str, groups, accepted=None, meta=None)->EvalSe
     acc = accepted if accepted is not None else torch.nn.functional.one_hot(y, len(groups)).bool()
     return EvalSet(x, y, acc, groups, meta if meta is not None else pd.DataFrame(index=range(len(y))))
 
+# %% ../../nbs/robust/55_paper_data.ipynb #5b15dc87
 def imagenet_groups(names:Sequence[str], # the set's ClassLabel names, in label order
                     groups:dict|None=None, # class name → the WordNet ids it stands for (the cue-conflict categories)
                    )->list[list[int]]:
@@ -113,6 +117,7 @@ def imagenet_groups(names:Sequence[str], # the set's ClassLabel names, in label 
     if len(names) == len(IMAGENET_WNIDS) and not set(names) <= by_id: return [[i] for i in range(len(names))]   # the hub's ImageNet-1k names
     return class_groups(list(IMAGENET_WNIDS), names, id_wnids=IMAGENET_WNIDS, groups=groups or {})
 
+# %% ../../nbs/robust/55_paper_data.ipynb #784120a4
 def classification_set(source:str, # hub id or folder (the profile's dataset.<task>)
                        task:str, # 'cifar10' or 'imagenet'
                        n:int, # images evaluated (a seeded random subset when the split has more)
@@ -150,6 +155,7 @@ def real_labels(path:str|Path)->list[list[int]]:
         raise FusionError(f"imagenet_real: {path} is not a list of lists of ImageNet label indices (0–999)")
     return labels
 
+# %% ../../nbs/robust/55_paper_data.ipynb #4ba6e805
 def val_index(file_name:str)->int:
     "0-based index of an ImageNet validation image from its file name (ILSVRC2012_val_00000001.JPEG → 0)."
     m = _VAL_FILE.search(str(file_name))
@@ -174,6 +180,7 @@ def imagenet_c_files(root:str|Path, # the folder holding IN-C's corruption folde
                 rows += [(str(f), c, s, index[wdir.name]) for f in sorted(wdir.iterdir()) if f.is_file()]
     return pd.DataFrame(rows, columns=['path', 'corruption', 'severity', 'label'])
 
+# %% ../../nbs/robust/55_paper_data.ipynb #c173b7b2
 def conflict_files(root:str|Path)->pd.DataFrame:
     "The cue-conflict stimuli: path, shape (the folder's category), texture (from the file name <shape><n>-<texture><m>.png)."
     root = Path(root)
@@ -196,6 +203,7 @@ def _split_rows(n_rows:int, n_adapt:int, n_test:int, seed:int, task:str)->dict[s
     p = np.random.default_rng(seed).permutation(n_rows)
     return {'adapt': np.sort(p[:n_adapt]), 'test': np.sort(p[n_adapt:n_adapt + n_test])}
 
+# %% ../../nbs/robust/55_paper_data.ipynb #fb7d1db4
 def _file_set(paths, y, groups, meta, accepted=None)->EvalSet:
     x = torch.stack([preprocess(Image.open(p), *PREPROCESS['imagenet']) for p in paths])
     y = torch.as_tensor(np.asarray(y), dtype=torch.long)
@@ -218,6 +226,7 @@ def _imagenet_c_rows(files:pd.DataFrame, c_images:int, seed:int)->dict[str, pd.D
             out[sp].append(g.iloc[np.sort(rng.choice(rows, c_images, replace=False))])
     return {sp: pd.concat(v) for sp, v in out.items()}
 
+# %% ../../nbs/robust/55_paper_data.ipynb #74714e8c
 def shift_set(name:str, # one of EXPERIMENT_TASKS['21']
               sources:dict[str, str], # task → the profile's dataset.<task>
               n_adapt:int, # adapt images (paper: 1000)

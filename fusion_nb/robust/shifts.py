@@ -49,8 +49,10 @@ def real_scene(rng:np.random.Generator, y:int)->tuple[Image.Image, list[int]]:
                              angle=float(rng.uniform(-15, 15)), flip=bool(rng.random() < 0.5))
     return T.compose(np.asarray(im, np.float32), layer), sorted([y, z])
 
+# %% ../../nbs/robust/54_shifts.ipynb #67e205b3
 def _bbox(mask): ys, xs = np.nonzero(mask); return xs.min(), ys.min(), xs.max() + 1, ys.max() + 1
 
+# %% ../../nbs/robust/54_shifts.ipynb #8431fe51
 def conflict_scene(rng:np.random.Generator, shape:int, texture:int)->Image.Image:
     "The silhouette of class `shape` filled with the object texture of class `texture`, on `texture`'s usual background."
     names = list(T.IMAGENET_SPRITES)
@@ -89,6 +91,7 @@ def _rows(name, split, n, c_images, n_adapt, seed):
                     im = corrupt(T.imagenet_scene(test_rng(i), i % k, 'imagenet')[0], c, s, np.random.default_rng([seed, _IDS[name], ci, s, i]))
                     yield dict(image=im, label=i % k, labels=[i % k], corruption=c, severity=s)
 
+# %% ../../nbs/robust/54_shifts.ipynb #5ebfc0fa
 def shift_split(name:str, # one of SHIFTS
                 split:str='adapt', # 'adapt' or 'test'
                 n_adapt:int=1000, # images of the adapt split (paper: 1000 per dataset)
@@ -108,6 +111,7 @@ def shifts_dir(root:str|Path|None, profile:str)->Path:
     "Where a profile's shift sets live: `<root>/data/<profile>/robust/shifts`."
     return Path(root or project_root())/'data'/profile/'robust'/'shifts'
 
+# %% ../../nbs/robust/54_shifts.ipynb #e96087b7
 def build_shifts(folder:str|Path, n_adapt:int=1000, n_test:int=1000, c_images:int=10, seed:int=0,
                  names:Sequence[str]=tuple(SHIFTS), progress:bool=True)->Path:
     "Render the adapt and test splits of every shift into `folder` (skipped when its recipe is unchanged)."
@@ -145,6 +149,7 @@ def shift_tensors(folder:str|Path, name:str, split:str='adapt')->tuple[torch.Ten
     for i, ls in enumerate(ds['labels']): accepted[i, ls] = True
     return x, y, accepted, pd.DataFrame({k: ds[k] for k in ('corruption', 'severity', 'texture')})
 
+# %% ../../nbs/robust/54_shifts.ipynb #3c0cb4a6
 def accuracy_of(pred:torch.Tensor, # predicted classes (n,) or (soups, n)
                 accepted:torch.Tensor, # n × K correct labels
                )->torch.Tensor:

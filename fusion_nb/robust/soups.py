@@ -32,6 +32,7 @@ def _float_entries(model:nn.Module)->dict[str, torch.Tensor]:
         if t.is_floating_point() and id(t) not in seen: seen.add(id(t)); out[k] = t
     return out
 
+# %% ../../nbs/robust/51_soups.ipynb #343cb152
 def check_affine(weights:Sequence[float], # one soup's weights
                  tol:float=1e-6, # allowed |Σw − 1|
                 )->None:
@@ -91,6 +92,7 @@ def _check_attacks(attacks):
         check_norm(a['norm']); check_eps(a['eps'])
     return list(attacks)
 
+# %% ../../nbs/robust/51_soups.ipynb #1c9c1cae
 def evaluate_soups(kitchen:SoupKitchen, # ingredients and the model they are written into
                    grid:Sequence, # weight vectors (lists in ingredient order or dicts by name)
                    x:torch.Tensor, # evaluation images in [0, 1]
@@ -119,6 +121,7 @@ def evaluate_soups(kitchen:SoupKitchen, # ingredients and the model they are wri
     if out is not None: atomic_write_text(out, df.to_csv(index=False))
     return df
 
+# %% ../../nbs/robust/51_soups.ipynb #84179208
 @torch.no_grad()
 def clean_accuracy(model:nn.Module, x:torch.Tensor, y:torch.Tensor, batch_size:int=256)->float:
     "Fraction of `x` classified as `y`, in batches."

@@ -34,6 +34,7 @@ def _check_dataset(dataset:str)->str:
     if dataset not in STANDINS: raise UnknownNameError(f"unknown dataset {dataset!r}: expected one of {', '.join(STANDINS)}")
     return dataset
 
+# %% ../../nbs/robust/53_zoo.ipynb #b12976f1
 def standin_eps(dataset:str, # 'cifar10' or 'imagenet'
                 norm, # 'linf', 'l2' or 'l1'
                 side:int=32, # side of the stand-in's square images
@@ -42,6 +43,7 @@ def standin_eps(dataset:str, # 'cifar10' or 'imagenet'
     rec, r = budget(_check_dataset(dataset), norm), (side / PAPER_SIDE[dataset]) ** 2
     return rec['eps'] * {'linf': 1.0, 'l2': math.sqrt(r), 'l1': r}[rec['norm']] * STANDIN_RADIUS_SCALE[dataset]
 
+# %% ../../nbs/robust/53_zoo.ipynb #0512dec6
 def standin_attacks(dataset:str, # 'cifar10' or 'imagenet'
                     norms:Sequence=NORMS, # threat models
                     steps:int|None=None, # APGD steps (default: App. A.2's 40)
@@ -70,6 +72,7 @@ class ModelSpec:
     combine:str = 'max' # several threat models: 'max' (MAX) or 'sat' (SAT)
     eps_factor:float = 1.0 # radius as a fraction of the dataset's ε (Table 3: 0.5, 0.25)
 
+# %% ../../nbs/robust/53_zoo.ipynb #54d699cb
 def model_name(p:str, q:str|None=None, eps_factor:float=1.0)->str:
     "θ_p → 'theta_linf'; θ_p→q → 'theta_linf_to_l2'; at ε/2 → 'theta_linf_to_l2_eps2'."
     name = f"theta_{p}" if q is None else f"theta_{p}_to_{q}"
@@ -108,10 +111,12 @@ class ZooBudget:
     seed:int = 0
     threads:int = 1 # torch threads while training (part of the recipe)
 
+# %% ../../nbs/robust/53_zoo.ipynb #58352227
 def zoo_dir(root:str|Path|None, profile:str, dataset:str)->Path:
     "Where a profile's zoo for `dataset` lives: `<root>/data/<profile>/robust/<dataset>`."
     return Path(root or project_root())/'data'/profile/'robust'/_check_dataset(dataset)
 
+# %% ../../nbs/robust/53_zoo.ipynb #58140fc0
 def _recipes(dataset, specs, b:ZooBudget)->dict[str, str]:
     from fusion_nb.tiny.build import _code_digest, _digest
     from fusion_nb.robust import attacks, models
@@ -135,11 +140,13 @@ def peak_lr(spec:ModelSpec, dataset:str, lr:float)->float:
     if spec.start is None or len(spec.norms) != 1: return lr
     return lr * FINETUNE_LR_SCALE.get((dataset, spec.start.removeprefix('theta_'), spec.norms[0]), 1.0)
 
+# %% ../../nbs/robust/53_zoo.ipynb #5930c6f7
 def train_epochs(spec:ModelSpec, b:ZooBudget)->int:
     "Epochs of one model: from scratch `epochs`; the nominal fine-tune `nominal_epochs` (§5: 100); other fine-tunes `finetune_epochs`."
     if spec.start is None: return b.epochs
     return b.nominal_epochs if not spec.norms else b.finetune_epochs
 
+# %% ../../nbs/robust/53_zoo.ipynb #b5438511
 def train_model(spec:ModelSpec, dataset:str, x:torch.Tensor, y:torch.Tensor, b:ZooBudget, start:nn.Module|None=None)->nn.Module:
     "Train one model of the zoo as its spec says (from scratch: step schedule; fine-tuning from `start`: cosine)."
     seed_everything(b.seed)   # the random initialisation is part of the recipe
@@ -158,6 +165,7 @@ def _read_manifest(folder:Path)->dict:
     try: return json.loads(f.read_text()) if f.exists() else {}
     except ValueError: return {}   # torn: rebuild
 
+# %% ../../nbs/robust/53_zoo.ipynb #a8296023
 def robust_zoo(folder:str|Path, # where the models and manifest.json go
                dataset:str, # 'cifar10' or 'imagenet'
                specs:Sequence[ModelSpec]|None=None, # default: zoo_specs(dataset)
@@ -181,7 +189,6 @@ def robust_zoo(folder:str|Path, # where the models and manifest.json go
         cached_builds(folder, recipes, build, lambda n: [f'{n}.safetensors'],
                       section='models', header=header, keep_others=False, desc=f'robust zoo ({dataset})', progress=progress)
     return folder
-
 
 # %% ../../nbs/robust/53_zoo.ipynb #74f4487c
 def load_zoo(folder:str|Path, # a folder `robust_zoo` wrote
@@ -212,6 +219,7 @@ def checkpoint_sources(value:str, # 'name=source name=source …' (a profile's r
         out[name] = str((Path(root)/src).resolve()) if src.startswith(('./', '../')) else src
     return out
 
+# %% ../../nbs/robust/53_zoo.ipynb #293a1204
 def missing_checkpoints(sources:dict[str, str], # from checkpoint_sources
                         required:Sequence[str], # names the experiment needs
                        )->str|None:
@@ -222,6 +230,7 @@ def missing_checkpoints(sources:dict[str, str], # from checkpoint_sources
     return ("paper-scale robust models missing. " + (f"Not given: {', '.join(missing)}. " if missing else '')
             + (f"No such file: {', '.join(absent)}. " if absent else '') + "Each is a TorchScript file (see fusion_nb.robust.zoo)")
 
+# %% ../../nbs/robust/53_zoo.ipynb #6875c842
 def load_checkpoints(sources:dict[str, str], # from checkpoint_sources
                      required:Sequence[str], # names the experiment needs
                     )->dict[str, nn.Module]:

@@ -33,14 +33,17 @@ def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
     "Where a scale of the benchmark lives: `<root>/data/<scale>`."
     return Path(root or project_root())/'data'/scale
 
+# %% ../../nbs/tiny/15_build.ipynb #3f90c37e
 def _sha256(path:Path)->str:
     h = hashlib.sha256()
     with open(path, 'rb') as f:
         for block in iter(lambda: f.read(1 << 20), b''): h.update(block)
     return h.hexdigest()
 
+# %% ../../nbs/tiny/15_build.ipynb #aa7ec23c
 def _digest(obj)->str: return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
+# %% ../../nbs/tiny/15_build.ipynb #9b5c9929
 def _code_digest(*objects)->str:
     "Digest of the code of modules or functions, blind to comments, docstrings' layout and where the module sits in the package."
     trees = []
@@ -53,11 +56,13 @@ def _code_digest(*objects)->str:
         trees.append(ast.dump(tree))
     return _digest(trees)
 
+# %% ../../nbs/tiny/15_build.ipynb #a855e244
 def _versions()->dict:
     import datasets, torch, transformers
     return {'fusion_nb': fusion_nb.__version__, 'torch': torch.__version__, 'transformers': transformers.__version__,
             'datasets': datasets.__version__}
 
+# %% ../../nbs/tiny/15_build.ipynb #b636eebd
 ROBUSTNESS_TASKS = ['stanford_cars', 'eurosat', 'resisc45', 'gtsrb']  # paper 000's robustness table, in its order
 ROBUSTNESS_CORRUPTIONS = ['motion_blur', 'impulse_noise', 'gaussian_noise', 'pixelate', 'spatter', 'contrast', 'jpeg_compression']
 CORRUPTION_SEVERITY = 3  # ImageNet-C's middle severity (the paper does not state one)
@@ -76,6 +81,7 @@ def recipes(scale:str, seed:int=0, threads:int=2)->dict[str, str]:
                          'severity': CORRUPTION_SEVERITY, 'code': _code_digest(corruptions)})
     return {'data': data, 'zoo': zoo, 'corruptions': corrupted}
 
+# %% ../../nbs/tiny/15_build.ipynb #baaa64f7
 def add_corrupted_splits(dataset_dir:str|Path, # a saved DatasetDict with a `test` split
                          corruptions:Sequence[str]=tuple(ROBUSTNESS_CORRUPTIONS), severity:int=CORRUPTION_SEVERITY,
                          seed:int=0)->Path:
@@ -101,6 +107,7 @@ def _library_bars(enabled:bool):
         (datasets.enable_progress_bars if old[0] else datasets.disable_progress_bars)()
         (tlog.enable_progress_bar if old[1] else tlog.disable_progress_bar)()
 
+# %% ../../nbs/tiny/15_build.ipynb #8fc74d96
 def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' (tests, smoke runs)
                     root:str|Path|None=None, # project root (default: the one holding settings.ini)
                     seed:int=0,
@@ -160,6 +167,7 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
     atomic_write_text(base/'manifest.json', json.dumps(manifest, indent=1))
     return base
 
+# %% ../../nbs/tiny/15_build.ipynb #dd193063
 def verify_benchmark(scale:str='tiny', root:str|Path|None=None)->list[str]:
     "Files of the built benchmark whose content differs from the manifest (or are missing); empty when intact."
     base = benchmark_dir(scale, root)
@@ -171,6 +179,7 @@ def hash_cache_dir(root:str|Path|None=None)->Path:
     "Where file hashes are kept between calls: `<root>/data/cache/file_hashes` (git-ignored)."
     return Path(root or project_root())/'data'/'cache'/'file_hashes'
 
+# %% ../../nbs/tiny/15_build.ipynb #1719dc18
 def read_manifest(scale:str='tiny', root:str|Path|None=None)->dict:
     "The build's `manifest.json` ({} when not built); a clear error naming the file when it is torn or not a manifest."
     m = benchmark_dir(scale, root)/'manifest.json'
@@ -181,12 +190,14 @@ def read_manifest(scale:str='tiny', root:str|Path|None=None)->dict:
     raise FusionError(f"{m} is not a readable build manifest (truncated by an interrupted write?{'; ' + d if isinstance(d, str) else ''}). "
                       f"Delete it and build again: build_benchmark({scale!r}) then rebuilds the {scale} benchmark and rewrites it")
 
+# %% ../../nbs/tiny/15_build.ipynb #d3440641
 def changed_files(scale:str='tiny', root:str|Path|None=None)->list[str]:
     "Files of the built benchmark whose content differs from its manifest, or that are missing (empty: intact or not built)."
     base, recorded = benchmark_dir(scale, root), read_manifest(scale, root).get('files', {})
     now = file_hashes(base, hash_cache_dir(root)) if recorded else {}
     return sorted(f for f, h in recorded.items() if now.get(f) != h)
 
+# %% ../../nbs/tiny/15_build.ipynb #795480c7
 def owners(files:Sequence[str])->tuple[set[str], bool, set[str]]:
     "What changed `files` of a build belong to: (dataset tasks, the CLIP?, expert tasks); an unknown file: everything."
     data, clip, experts = set(), False, set()
@@ -209,6 +220,7 @@ def build_threads()->int:
     if not v.isdigit() or int(v) < 1: raise HyperparameterError(f"FUSION_NB_BUILD_THREADS={v!r}: expected an integer ≥ 1")
     return int(v)
 
+# %% ../../nbs/tiny/15_build.ipynb #f4037a84
 def run_in_child(target:str, # 'module:function' that builds, called with `kwargs` in the child
                  kwargs:dict, log, # its keyword arguments (JSON); where the child's output lines go
                  what:str, # what is built, for the error message
@@ -226,6 +238,7 @@ def run_in_child(target:str, # 'module:function' that builds, called with `kwarg
     finally:
         if p.poll() is None: p.kill()
 
+# %% ../../nbs/tiny/15_build.ipynb #14f9d03e
 def _build_in_child(log, **kwargs)->Path:
     "Run `build_benchmark(**kwargs)` in a child process (`run_in_child`)."
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1

@@ -42,6 +42,7 @@ def learn_bpe_merges(word_counts:Mapping[str, int])->list[tuple[str, str]]:
                 else: out.append(seq[i]); i += 1
             seqs[w] = tuple(out)
 
+# %% ../../nbs/tiny/13_clip_factory.ipynb #2e47265f
 def clip_bpe(texts:Iterable[str], # words or sentences the tokenizer must know
             )->tuple[dict[str, int], list[tuple[str, str]]]:
     "The vocabulary and merges of a CLIP BPE that turns every word of `texts` into one token."
@@ -56,6 +57,7 @@ def clip_bpe(texts:Iterable[str], # words or sentences the tokenizer must know
     for t in [BOS, EOS, *alphabet, *(c + '</w>' for c in alphabet), *(a + b for a, b in merges)]: vocab.setdefault(t, len(vocab))
     return vocab, merges
 
+# %% ../../nbs/tiny/13_clip_factory.ipynb #9a63e01b
 def train_clip_tokenizer(texts:Iterable[str], # words or sentences the tokenizer must know
                          model_max_length:int=32, # longest tokenised prompt (with BOS/EOS)
                         )->CLIPTokenizer:

@@ -51,6 +51,7 @@ def gaussian_noise(x:np.ndarray, c:float, rng:np.random.Generator)->np.ndarray:
     "Additive Gaussian noise of standard deviation `c`."
     return np.clip(x + rng.normal(0, c, x.shape), 0, 1)
 
+# %% ../../nbs/tiny/11_corruptions.ipynb #8678b29d
 @CORRUPTIONS.register('impulse_noise')
 def impulse_noise(x:np.ndarray, c:float, rng:np.random.Generator)->np.ndarray:
     "Salt-and-pepper noise: a fraction `c` of the values set to 0 or 1 (half each)."
@@ -58,27 +59,34 @@ def impulse_noise(x:np.ndarray, c:float, rng:np.random.Generator)->np.ndarray:
     out = x.copy(); out[flip & salt] = 1.; out[flip & ~salt] = 0.
     return out
 
+# %% ../../nbs/tiny/11_corruptions.ipynb #1dd71823
 @CORRUPTIONS.register('contrast')
 def contrast(x:np.ndarray, c:float, rng:np.random.Generator)->np.ndarray:
     "Shrink each channel's deviations from its mean by the factor `c`."
     m = x.mean(axis=(0, 1), keepdims=True)
     return np.clip((x - m) * c + m, 0, 1)
 
+# %% ../../nbs/tiny/11_corruptions.ipynb #216be670
 def _to_pil(x): return Image.fromarray(np.clip(np.round(x * 255), 0, 255).astype(np.uint8))
+
+# %% ../../nbs/tiny/11_corruptions.ipynb #5b6b2bb1
 def _from_pil(im): return np.asarray(im, np.float64) / 255.
 
+# %% ../../nbs/tiny/11_corruptions.ipynb #63d951fa
 @CORRUPTIONS.register('pixelate')
 def pixelate(x:np.ndarray, c:float, rng:np.random.Generator, upsample=Image.BOX)->np.ndarray:
     "Box-downsample by the factor `c`, then resize back (ImageNet-C upsamples with nearest neighbours, CIFAR-10-C with a box)."
     im = _to_pil(x); w, h = im.size
     return _from_pil(im.resize((max(1, int(w * c)), max(1, int(h * c))), Image.BOX).resize((w, h), upsample))
 
+# %% ../../nbs/tiny/11_corruptions.ipynb #5d9ac62a
 @CORRUPTIONS.register('jpeg_compression')
 def jpeg_compression(x:np.ndarray, c:int, rng:np.random.Generator)->np.ndarray:
     "A JPEG round trip at quality `c`."
     buf = io.BytesIO(); _to_pil(x).save(buf, 'JPEG', quality=int(c))
     return _from_pil(Image.open(buf).convert('RGB'))
 
+# %% ../../nbs/tiny/11_corruptions.ipynb #f821b70a
 @CORRUPTIONS.register('motion_blur')
 def motion_blur(x:np.ndarray, c:tuple, rng:np.random.Generator)->np.ndarray:
     "ImageMagick-style motion blur: a one-sided Gaussian-weighted streak of radius c[0] and sigma c[1] at a random angle."
@@ -100,6 +108,7 @@ def _rim(support:np.ndarray)->np.ndarray:
     "The boundary pixels of a boolean region (inside pixels next to an outside one)."
     return support & ~ndimage.binary_erosion(support, border_value=1)
 
+# %% ../../nbs/tiny/11_corruptions.ipynb #3d114d69
 def _equalize_hist(a:np.ndarray)->np.ndarray:
     "Histogram equalisation of a uint8 image (as `cv2.equalizeHist`)."
     hist = np.bincount(a.ravel(), minlength=256); cdf = hist.cumsum(); lo = cdf[hist > 0][0]
@@ -107,6 +116,7 @@ def _equalize_hist(a:np.ndarray)->np.ndarray:
     lut = np.clip(np.round((cdf - lo) * 255. / (cdf[-1] - lo)), 0, 255).astype(np.uint8)
     return lut[a]
 
+# %% ../../nbs/tiny/11_corruptions.ipynb #c07b5b66
 @CORRUPTIONS.register('spatter')
 def spatter(x:np.ndarray, c:tuple, rng:np.random.Generator)->np.ndarray:
     "Water drops (severities 1–3) or mud (4–5) splashed on the lens."
@@ -146,6 +156,7 @@ def corrupt(image:Image.Image, corruption:str,
     out = _to_pil(fn(x, c, rng, **extra))
     return out if image.mode == 'RGB' else out.convert(image.mode)
 
+# %% ../../nbs/tiny/11_corruptions.ipynb #5897ad35
 def corrupt_dataset(ds, # a `datasets.Dataset` or `DatasetDict` with an image column
                     corruption:str, severity:int=3, seed:int=0, params:str='auto',
                     column:str='image', progress:bool=False)->'datasets.Dataset|datasets.DatasetDict':

@@ -28,6 +28,7 @@ def pixel_values(processor, images:Sequence, batch_size:int=512)->Tensor:
            for i in range(0, len(images), batch_size)]
     return torch.cat(out)
 
+# %% ../../nbs/tiny/12_finetune.ipynb #f19b83cb
 def finetune_vision(clip:CLIPModel, # the pretrained CLIP (left unchanged)
                     tokenizer, processor, # its tokenizer and image processor
                     train_dataset, # HF dataset with `image` and `label`

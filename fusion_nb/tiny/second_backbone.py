@@ -44,6 +44,7 @@ def second_backbone_dir(scale:str, root:str|Path|None=None)->Path:
     "Where the second backbone of `scale` lives: `<root>/data/second_backbone/<scale>`."
     return Path(root or project_root())/'data'/'second_backbone'/scale
 
+# %% ../../nbs/tiny/16_second_backbone.ipynb #5674304f
 def second_backbone_recipe(scale:str, root:str|Path|None=None, seed:int=0, threads:int=2)->str:
     "Digest of what the second backbone of `scale` depends on (a change means: rebuild); the benchmark's datasets must be built."
     from fusion_nb.tiny import clip_factory, finetune, zoo as tiny_zoo
@@ -60,6 +61,7 @@ def _manifest(base:Path)->dict:
     try: return json.loads((base/'manifest.json').read_text(encoding='utf-8'))
     except (FileNotFoundError, ValueError): return {}   # not built, or torn by an interrupted write: everything is rebuilt
 
+# %% ../../nbs/tiny/16_second_backbone.ipynb #5aeaa906
 def _stale_parts(base:Path, old:dict, cache:Path)->tuple[bool, set[str]]:
     "What changed or missing files of a built second backbone belong to: (the CLIP?, expert tasks); an unknown file: everything."
     now, clip, experts = file_hashes(base, cache), False, set()
@@ -118,6 +120,7 @@ def profile_backbones(P:Profile)->list[str]:
     if P.extra.get('second_pretrained', '').strip(): names.append(resolve_source(P.extra['second_pretrained'], P.root))
     return [Path(n).name if is_local(n) else n for n in names]
 
+# %% ../../nbs/tiny/16_second_backbone.ipynb #b958ad81
 def backbone_profile(P:Profile, # a profile (`fusion_nb.reproduce.profiles.load_profile`)
                      k:int=0, # 0: the profile's own backbone, 1: its second one
                      build:bool=True, # build a tiny second backbone that is missing or stale

@@ -37,6 +37,7 @@ def _col(rng, base, jitter=30):
     "`base` RGB colour, each channel jittered by up to ±`jitter`."
     return tuple(int(np.clip(c + rng.integers(-jitter, jitter + 1), 0, 255)) for c in base)
 
+# %% ../../nbs/tiny/10_tasks.ipynb #ba74dd75
 def _noise(img, rng, sigma=8):
     "Add Gaussian pixel noise (sensor noise) to a PIL image."
     a = np.asarray(img, dtype=np.float32) + rng.normal(0, sigma, (S, S, 3))
@@ -124,6 +125,8 @@ def _blobs(rng, base, n, size, jitter=25):
         x, y = rng.integers(0, S, 2); r = rng.integers(1, size + 1); c = np.array(_col(rng, base, jitter), np.float32)
         a[max(0, y - r):y + r, max(0, x - r):x + r] = c
     return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #9c5ecae5
 def render_eurosat(rng, y):
     yy, xx = np.mgrid[0:S, 0:S].astype(np.float32); name = EUROSAT[y]
     th = rng.uniform(0, np.pi); u = xx * np.cos(th) + yy * np.sin(th)
@@ -260,6 +263,7 @@ def _sklearn_digits():
     d = load_digits()
     return d.images, d.target
 
+# %% ../../nbs/tiny/10_tasks.ipynb #0fc90a49
 _SPLIT_FRACTIONS = {'train': (0.0, 0.6), 'validation': (0.6, 0.7), 'test': (0.7, 1.0)}
 
 def _digits_split(split:str)->np.ndarray:
@@ -269,6 +273,7 @@ def _digits_split(split:str)->np.ndarray:
     lo, hi = _SPLIT_FRACTIONS[split]
     return perm[int(lo * n):int(hi * n)]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #bee7d008
 def render_mnist(rng, y, split='train'):
     "A real handwritten digit `y`, drawn from `split`'s scans of scikit-learn's digits, as a 32×32 RGB image."
     images, targets = _sklearn_digits()
@@ -284,15 +289,24 @@ def _ell(cx, cy, rx, ry, n=18):
     t = np.linspace(0, 2 * np.pi, n, endpoint=False)
     return np.stack([cx + rx * np.cos(t), cy + ry * np.sin(t)], 1)
 
+# %% ../../nbs/tiny/10_tasks.ipynb #f803d14b
 def _P(pts, col): return ('poly', np.asarray(pts, np.float64), col)
+
+# %% ../../nbs/tiny/10_tasks.ipynb #b9d13933
 def _E(cx, cy, rx, ry, col): return ('poly', _ell(cx, cy, rx, ry), col)
+
+# %% ../../nbs/tiny/10_tasks.ipynb #75a3eff2
 def _R(x0, y0, x1, y1, col): return ('poly', np.array([(x0, y0), (x1, y0), (x1, y1), (x0, y1)], np.float64), col)
+
+# %% ../../nbs/tiny/10_tasks.ipynb #7f5aef90
 def _L(pts, col, w=0.08): return ('line', np.asarray(pts, np.float64), col, w)
 
+# %% ../../nbs/tiny/10_tasks.ipynb #42284e7d
 def _shade(col, f):
     "`col` darkened (f < 1) or lightened (f > 1)."
     return tuple(int(np.clip(c * f, 0, 255)) for c in col)
 
+# %% ../../nbs/tiny/10_tasks.ipynb #bf4ee5db
 def _pick(rng, options, jitter=25):
     "One of `options` (RGB bases), jittered."
     return _col(rng, options[int(rng.integers(len(options)))], jitter)
@@ -306,24 +320,28 @@ def _sp_airplane(rng):
             _P([(-0.2, 0.0), (0.25, 0.0), (-0.1, 0.6), (-0.35, 0.6)], d), _P([(-0.1, 0.0), (0.25, 0.0), (0.05, -0.35), (-0.1, -0.35)], d),
             _E(0.72, -0.04, 0.12, 0.07, (60, 80, 110))]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #2db5b926
 def _sp_automobile(rng):
     c = tuple(int(v) for v in rng.integers(30, 230, 3)); g = (150, 190, 220)
     return [_R(-0.95, -0.1, 0.95, 0.32, c), _P([(-0.5, -0.1), (-0.28, -0.48), (0.32, -0.48), (0.55, -0.1)], c),
             _P([(-0.4, -0.12), (-0.24, -0.4), (0.02, -0.4), (0.02, -0.12)], g), _P([(0.08, -0.12), (0.08, -0.4), (0.28, -0.4), (0.45, -0.12)], g),
             _E(-0.55, 0.35, 0.2, 0.2, _BLACK), _E(0.55, 0.35, 0.2, 0.2, _BLACK)]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #f41cc7e2
 def _sp_bird(rng):
     c = _pick(rng, [(150, 90, 50), (60, 100, 190), (200, 50, 40), (230, 200, 60)]); d = _shade(c, 0.65)
     return [_P([(-0.35, 0.05), (-0.95, -0.15), (-0.9, 0.25)], d), _L([(0.0, 0.3), (-0.05, 0.75)], (200, 130, 40), 0.06),
             _L([(0.15, 0.3), (0.15, 0.75)], (200, 130, 40), 0.06), _E(0, 0.05, 0.5, 0.3, c), _E(0.45, -0.3, 0.24, 0.22, c),
             _P([(0.62, -0.38), (0.95, -0.28), (0.62, -0.2)], (240, 160, 30)), _E(-0.05, 0.0, 0.33, 0.16, d), _E(0.5, -0.34, 0.05, 0.05, _BLACK)]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #60721227
 def _sp_cat(rng):
     c = _pick(rng, [(220, 140, 60), (130, 130, 135), (40, 40, 40), (235, 230, 220)]); d = _shade(c, 0.7)
     return [_L([(0.35, 0.7), (0.75, 0.5), (0.8, 0.0)], c, 0.12), _E(0, 0.3, 0.42, 0.55, c), _E(0, -0.42, 0.36, 0.3, c),
             _P([(-0.34, -0.5), (-0.12, -0.66), (-0.32, -0.95)], c), _P([(0.34, -0.5), (0.12, -0.66), (0.32, -0.95)], c),
             _E(-0.14, -0.45, 0.07, 0.05, (90, 200, 90)), _E(0.14, -0.45, 0.07, 0.05, (90, 200, 90)), _E(0, -0.32, 0.05, 0.04, d)]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #ffa2ec55
 def _sp_deer(rng):
     c = _pick(rng, [(160, 105, 60), (130, 85, 50)], 15); d = _shade(c, 0.6); a = (90, 70, 50)
     legs = [_L([(x, 0.1), (x + 0.02, 0.9)], d, 0.08) for x in (-0.4, -0.25, 0.25, 0.4)]
@@ -331,30 +349,35 @@ def _sp_deer(rng):
                    _L([(0.6, -0.62), (0.5, -0.95), (0.38, -1.0)], a, 0.05), _L([(0.52, -0.85), (0.65, -0.98)], a, 0.05),
                    _L([(0.7, -0.62), (0.8, -0.95)], a, 0.05), _E(-0.55, -0.05, 0.08, 0.06, _WHITE)]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #d33db093
 def _sp_dog(rng):
     c = _pick(rng, [(150, 100, 50), (40, 35, 30), (235, 230, 220), (210, 170, 90)]); d = _shade(c, 0.6)
     legs = [_L([(x, 0.1), (x, 0.7)], c, 0.14) for x in (-0.4, -0.22, 0.25, 0.42)]
     return legs + [_L([(-0.5, -0.05), (-0.8, -0.45)], c, 0.1), _E(0, 0, 0.52, 0.26, c), _E(0.55, -0.32, 0.26, 0.22, c),
                    _E(0.82, -0.26, 0.14, 0.09, c), _E(0.42, -0.2, 0.1, 0.22, d), _E(0.93, -0.29, 0.04, 0.04, _BLACK), _E(0.6, -0.4, 0.04, 0.04, _BLACK)]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #288097a6
 def _sp_frog(rng):
     c = _pick(rng, [(60, 160, 60), (120, 170, 40), (100, 120, 50)]); d = _shade(c, 0.65)
     return [_P([(-0.6, 0.3), (-0.95, 0.6), (-0.5, 0.55)], d), _P([(0.6, 0.3), (0.95, 0.6), (0.5, 0.55)], d), _E(0, 0.2, 0.7, 0.38, c),
             _E(-0.32, -0.2, 0.17, 0.17, c), _E(0.32, -0.2, 0.17, 0.17, c), _E(-0.32, -0.22, 0.07, 0.07, _BLACK), _E(0.32, -0.22, 0.07, 0.07, _BLACK),
             _L([(-0.3, 0.25), (0.3, 0.25)], d, 0.05)]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #6480afe5
 def _sp_horse(rng):
     c = _pick(rng, [(120, 70, 40), (40, 30, 25), (225, 220, 210), (170, 120, 70)]); d = _shade(c, 0.55)
     legs = [_L([(x, 0.1), (x, 0.95)], c, 0.09) for x in (-0.42, -0.28, 0.3, 0.44)]
     return legs + [_L([(-0.55, -0.05), (-0.8, 0.55)], d, 0.1), _E(0, 0, 0.58, 0.27, c), _P([(0.35, -0.1), (0.55, -0.72), (0.75, -0.62), (0.6, 0.05)], c),
                    _P([(0.55, -0.72), (0.98, -0.5), (0.95, -0.38), (0.62, -0.52)], c), _L([(0.42, -0.1), (0.58, -0.72)], d, 0.07)]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #4973ae40
 def _sp_ship(rng):
     c = _pick(rng, [(40, 40, 50), (150, 30, 30), (30, 60, 120)], 20)
     return [_P([(-0.95, 0.05), (0.95, 0.05), (0.72, 0.42), (-0.78, 0.42)], c), _R(-0.4, -0.32, 0.35, 0.05, _WHITE),
             _R(0.02, -0.68, 0.18, -0.32, (200, 60, 40)), _R(-0.2, -0.55, -0.08, -0.32, (200, 60, 40)),
             *[_E(x, -0.14, 0.05, 0.05, (60, 80, 110)) for x in (-0.25, -0.05, 0.15)]]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #109db920
 def _sp_truck(rng):
     c = tuple(int(v) for v in rng.integers(30, 230, 3)); k = _pick(rng, [(200, 40, 40), (230, 230, 230), (40, 90, 170)])
     return [_R(-0.95, -0.6, 0.32, 0.32, c), _R(0.35, -0.25, 0.92, 0.32, k), _R(0.5, -0.18, 0.84, 0.02, (150, 190, 220)),
@@ -370,6 +393,7 @@ def _hsv_shift(col, dh):
     r, g, b = colorsys.hsv_to_rgb((h + dh) % 1, min(1, 0.35 + s * 1.2), min(1, 0.45 + v * 0.7))
     return (int(r * 255), int(g * 255), int(b * 255))
 
+# %% ../../nbs/tiny/10_tasks.ipynb #268bd53b
 def draw_sprite(parts:list, # sprite parts: ('poly', pts, rgb) or ('line', pts, rgb, width), coordinates in [-1, 1]²
                 size:float, # sprite extent in pixels (the [-1, 1] box maps to `size` pixels)
                 center=(S / 2, S / 2), angle:float=0., flip:bool=False,
@@ -402,6 +426,7 @@ def draw_sprite(parts:list, # sprite parts: ('poly', pts, rgb) or ('line', pts, 
     mask = np.asarray(layer)[..., 3] >= 128
     return layer, mask
 
+# %% ../../nbs/tiny/10_tasks.ipynb #668e6bce
 def compose(bg:np.ndarray, layer:Image.Image, style:str='photo')->Image.Image:
     "Paste a sprite layer on a background; 'shaded' lights the object from above."
     im = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8)).convert('RGBA')
@@ -417,68 +442,109 @@ def _grad(rng, top, bottom, jitter=20):
     t = np.linspace(0, 1, S)[:, None, None]
     return (1 - t) * np.array(_col(rng, top, jitter), np.float32) + t * np.array(_col(rng, bottom, jitter), np.float32) + np.zeros((S, S, 3), np.float32)
 
+# %% ../../nbs/tiny/10_tasks.ipynb #7c1d71cf
 def _smooth_noise(rng, cells=4, amp=1.):
     "Low-frequency noise in [-amp, amp], S×S."
     g = rng.uniform(-amp, amp, (cells, cells)).astype(np.float32)
     return np.asarray(Image.fromarray(g).resize((S, S), Image.BICUBIC))
 
+# %% ../../nbs/tiny/10_tasks.ipynb #cd5b718b
 def _horizon(rng, top, bottom, lo=10, hi=22, j=20):
     h = int(rng.integers(lo, hi)); a = np.zeros((S, S, 3), np.float32)
     a[:h] = _grad(rng, *top, jitter=j)[:h]; a[h:] = _grad(rng, *bottom, jitter=j)[h:]
     return a
 
+# %% ../../nbs/tiny/10_tasks.ipynb #73db5226
 def _bg_sky(rng): a = _grad(rng, (90, 150, 230), (190, 215, 240)); a += 25 * np.clip(_smooth_noise(rng, 5), 0, 1)[..., None]; return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #ac202d71
 def _bg_grass(rng): return _grad(rng, (90, 150, 60), (60, 120, 40)) + 18 * _smooth_noise(rng, 8)[..., None] + rng.normal(0, 6, (S, S, 1))
+
+# %% ../../nbs/tiny/10_tasks.ipynb #63e41cc7
 def _bg_forest(rng):
     a = _grad(rng, (40, 70, 40), (70, 60, 40)); yy, xx = np.mgrid[0:S, 0:S]
     for x in rng.integers(0, S, 5): a[(np.abs(xx - x) < 2) & (yy < 26)] = _col(rng, (80, 55, 35), 15)
     return a + 15 * _smooth_noise(rng, 6)[..., None]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #d0d98a37
 def _bg_water(rng):
     yy = np.mgrid[0:S, 0:S][0]; a = _grad(rng, (40, 90, 150), (20, 60, 120))
     return a + 18 * np.sin(yy * 1.3 + 3 * _smooth_noise(rng, 4))[..., None]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #42ac6121
 def _bg_room(rng):
     a = np.zeros((S, S, 3), np.float32); h = int(rng.integers(20, 27))
     a[:h] = _col(rng, (200, 190, 170), 35); a[h:] = _col(rng, (130, 90, 60), 25); return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #2a2aab3a
 def _bg_road(rng):
     a = _horizon(rng, ((150, 180, 210), (180, 200, 220)), ((90, 90, 95), (70, 70, 75)), 8, 16)
     a[26:28, ::6] = (230, 220, 120); a[26:28, 1::6] = (230, 220, 120); return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #4337049a
 def _bg_aquarium(rng):
     a = _grad(rng, (40, 150, 160), (20, 90, 110)); yy, xx = np.mgrid[0:S, 0:S]
     for x in rng.integers(0, S, 4): a[(np.abs(xx - x - 2 * np.sin(yy * 0.4)) < 1.2) & (yy > 14)] = _col(rng, (40, 130, 60), 20)
     return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #4e8f0f4e
 def _bg_ice(rng): return _grad(rng, (200, 220, 240), (235, 240, 250), 12) + 10 * _smooth_noise(rng, 6)[..., None]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #b205b9fd
 def _bg_leaf(rng):
     a = np.zeros((S, S, 3), np.float32) + _col(rng, (70, 160, 50), 20); yy, xx = np.mgrid[0:S, 0:S]
     t = rng.uniform(0, np.pi); v = -xx * np.sin(t) + yy * np.cos(t); u = xx * np.cos(t) + yy * np.sin(t)
     a[np.abs(v - v.mean()) < 1] = _col(rng, (150, 210, 110), 15); a[np.abs(np.sin(u * 0.4)) * 6 > np.abs(v - v.mean()) + 5.5] *= 0.85
     return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #96ac4f8f
 def _bg_sand(rng): return np.zeros((S, S, 3), np.float32) + _col(rng, (220, 200, 150), 15) + rng.normal(0, 12, (S, S, 1))
+
+# %% ../../nbs/tiny/10_tasks.ipynb #60b8b2e8
 def _bg_dunes(rng):
     a = _grad(rng, (230, 170, 90), (200, 120, 60)); xx = np.mgrid[0:S, 0:S][1]; yy = np.mgrid[0:S, 0:S][0]
     h = 8 + 3 * np.sin(xx * 0.25 + rng.uniform(0, 6)); a[yy < h] = _col(rng, (250, 220, 160), 10); return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #dff36813
 def _bg_coast(rng):
     a = _horizon(rng, ((120, 170, 230), (170, 200, 235)), ((30, 90, 160), (20, 70, 130)), 10, 16)
     xx, yy = np.mgrid[0:S, 0:S][1], np.mgrid[0:S, 0:S][0]; a[yy > 24 + 2 * np.sin(xx * 0.3)] = _col(rng, (200, 180, 130), 15); return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #93e51b9d
 def _bg_sunset(rng): return _grad(rng, (240, 120, 60), (250, 200, 120)) + 15 * _smooth_noise(rng, 3)[..., None]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #ad56e754
 def _bg_tiles(rng):
     a = np.zeros((S, S, 3), np.float32) + _col(rng, (225, 225, 220), 15); p = int(rng.integers(5, 8)); o = rng.integers(0, p, 2)
     a[(np.arange(S) + o[0]) % p == 0] = (150, 160, 170); a[:, (np.arange(S) + o[1]) % p == 0] = (150, 160, 170); return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #a7fc2627
 def _bg_wood(rng):
     yy, xx = np.mgrid[0:S, 0:S]; a = np.zeros((S, S, 3), np.float32) + _col(rng, (150, 100, 55), 20)
     a *= (0.88 + 0.12 * np.sin(yy * 0.9 + 2 * np.sin(xx * 0.2 + rng.uniform(0, 6))))[..., None]
     a[(yy + int(rng.integers(0, 8))) % 8 == 0] *= 0.6; return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #d0f76b9c
 def _bg_rain(rng):
     a = _grad(rng, (110, 115, 125), (70, 75, 85), 15); yy, xx = np.mgrid[0:S, 0:S]
     a[((xx + yy // 3 + rng.integers(0, 5)) % 5 == 0) & (rng.random((S, S)) < 0.5)] += 60; return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #be1db7aa
 def _bg_night(rng):
     a = _grad(rng, (10, 10, 40), (30, 30, 70), 10); m = rng.random((S, S)) < 0.02; a[m] = (250, 250, 220); return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #4a459520
 def _bg_paper(rng): return np.zeros((S, S, 3), np.float32) + _col(rng, (238, 236, 228), 8) + rng.normal(0, 3, (S, S, 1))
+
+# %% ../../nbs/tiny/10_tasks.ipynb #3050d1b8
 def _bg_art(rng):
     "A rendition's backdrop: a flat colour with a few paint strokes."
     a = np.zeros((S, S, 3), np.float32) + tuple(int(v) for v in rng.integers(60, 250, 3)); yy, xx = np.mgrid[0:S, 0:S]
     for _ in range(3):
         t = rng.uniform(0, np.pi); c = rng.uniform(0, S); a[np.abs(xx * np.cos(t) + yy * np.sin(t) - c) < rng.uniform(1, 4)] = tuple(int(v) for v in rng.integers(0, 256, 3))
     return a
+
+# %% ../../nbs/tiny/10_tasks.ipynb #92aae708
 def _bg_clutter(rng):
     "An unfamiliar indoor background: shelves, boxes and fabric (ObjectNet-like)."
     a = np.zeros((S, S, 3), np.float32) + _col(rng, (150, 130, 120), 60)
@@ -493,79 +559,117 @@ BACKGROUNDS = {f.__name__[4:]: f for f in [_bg_sky, _bg_grass, _bg_forest, _bg_w
 def _sp_apple(rng):
     c = _pick(rng, [(200, 30, 30), (120, 190, 50), (230, 200, 50)])
     return [_E(-0.25, 0.1, 0.55, 0.62, c), _E(0.25, 0.1, 0.55, 0.62, c), _L([(0, -0.45), (0.08, -0.85)], (90, 60, 30), 0.08), _E(0.3, -0.72, 0.22, 0.1, (60, 150, 40))]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #0c4a3738
 def _sp_aquarium_fish(rng):
     c = _pick(rng, [(250, 130, 30), (240, 200, 40), (230, 80, 150), (80, 180, 230)]); d = _shade(c, 0.7)
     return [_P([(-0.45, 0), (-0.95, -0.5), (-0.95, 0.5)], d), _E(0.05, 0, 0.55, 0.42, c), _P([(-0.1, -0.38), (0.25, -0.75), (0.3, -0.35)], d),
             _L([(-0.05, -0.35), (-0.05, 0.35)], _WHITE, 0.08), _E(0.35, -0.1, 0.07, 0.07, _BLACK)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #8a596a15
 def _sp_bicycle(rng):
     c = _pick(rng, [(200, 30, 30), (30, 80, 200), (30, 30, 30), (40, 160, 60)], 20); t = (30, 30, 30)
     wheel = lambda x: _L(list(_ell(x, 0.35, 0.38, 0.38, 20)) + [tuple(_ell(x, 0.35, 0.38, 0.38, 20)[0])], t, 0.07)
     return [wheel(-0.52), wheel(0.52), _L([(-0.52, 0.35), (-0.1, -0.2), (0.4, -0.2), (0.52, 0.35)], c, 0.08),
             _L([(-0.1, -0.2), (0.0, 0.35), (0.4, -0.2)], c, 0.08), _L([(-0.18, -0.38), (0.0, -0.38)], t, 0.08), _L([(0.4, -0.2), (0.35, -0.5), (0.55, -0.52)], t, 0.07)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #a8e7dac8
 def _sp_bottle(rng):
     c = _pick(rng, [(40, 120, 50), (120, 70, 30), (80, 150, 200)], 20)
     return [_R(-0.3, -0.2, 0.3, 0.95, c), _P([(-0.3, -0.2), (-0.12, -0.55), (0.12, -0.55), (0.3, -0.2)], c), _R(-0.1, -0.9, 0.1, -0.55, c),
             _R(-0.3, 0.2, 0.3, 0.55, _WHITE), _L([(0.18, -0.1), (0.18, 0.85)], _shade(c, 1.6), 0.06)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #ceaa489e
 def _sp_bridge(rng):
     c = _pick(rng, [(180, 60, 40), (150, 150, 150), (200, 180, 140)], 20)
     return [_R(-1.0, -0.15, 1.0, 0.02, c), _L([tuple(p) for p in np.stack([np.linspace(-0.9, 0.9, 12), 0.55 - 0.85 * (1 - np.linspace(-1, 1, 12) ** 2)], 1)], c, 0.1),
             *[_L([(x, -0.15), (x, 0.6)], c, 0.08) for x in (-0.9, 0.9)], *[_L([(x, -0.15), (x, 0.55 - 0.85 * (1 - (x / 0.9) ** 2))], c, 0.04) for x in (-0.45, 0.0, 0.45)]]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #d1099a72
 def _sp_butterfly(rng):
     c = _pick(rng, [(250, 150, 30), (60, 120, 230), (230, 60, 160), (240, 230, 60)]); k = _pick(rng, [(30, 30, 30), (250, 250, 250)], 10)
     return [_E(-0.45, -0.35, 0.45, 0.38, c), _E(0.45, -0.35, 0.45, 0.38, c), _E(-0.35, 0.35, 0.3, 0.3, c), _E(0.35, 0.35, 0.3, 0.3, c),
             _E(-0.5, -0.4, 0.13, 0.13, k), _E(0.5, -0.4, 0.13, 0.13, k), _E(0, 0.05, 0.08, 0.6, _BLACK), _L([(0, -0.5), (-0.25, -0.9)], _BLACK, 0.04), _L([(0, -0.5), (0.25, -0.9)], _BLACK, 0.04)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #c76d9bf4
 def _sp_castle(rng):
     c = _pick(rng, [(150, 150, 145), (190, 175, 140)], 15); d = _shade(c, 0.6)
     parts = [_R(-0.6, -0.3, 0.6, 0.9, c)] + [_R(x - 0.2, -0.75, x + 0.2, 0.9, c) for x in (-0.75, 0.75)]
     parts += [_R(x, -0.95, x + 0.1, -0.75, c) for x in (-0.95, -0.7, 0.55, 0.8)] + [_R(x, -0.45, x + 0.12, -0.3, c) for x in (-0.5, -0.25, 0.0, 0.25)]
     return parts + [_P([(-0.18, 0.9), (-0.18, 0.45), (0, 0.3), (0.18, 0.45), (0.18, 0.9)], d), _R(-0.8, -0.5, -0.7, -0.35, d), _R(0.7, -0.5, 0.8, -0.35, d)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #cc693c9b
 def _sp_chair(rng):
     c = _pick(rng, [(140, 90, 50), (200, 40, 40), (60, 60, 60), (40, 100, 170)], 20)
     return [_R(-0.5, -0.95, -0.32, 0.1, c), _R(-0.5, 0.0, 0.55, 0.15, c), _L([(-0.42, 0.1), (-0.42, 0.95)], c, 0.1), _L([(0.48, 0.1), (0.48, 0.95)], c, 0.1),
             _L([(-0.5, -0.55), (-0.32, -0.55)], _shade(c, 0.6), 0.06)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #9dda6a49
 def _sp_clock(rng):
     c = _pick(rng, [(30, 30, 30), (180, 140, 40), (200, 40, 40)], 15); h1, h2 = rng.uniform(0, 2 * np.pi, 2)
     return [_E(0, 0, 0.95, 0.95, c), _E(0, 0, 0.8, 0.8, _WHITE), *[_E(0.68 * np.cos(a), 0.68 * np.sin(a), 0.06, 0.06, _BLACK) for a in np.arange(4) * np.pi / 2],
             _L([(0, 0), (0.45 * np.cos(h1), 0.45 * np.sin(h1))], _BLACK, 0.1), _L([(0, 0), (0.65 * np.cos(h2), 0.65 * np.sin(h2))], _BLACK, 0.06)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #18adf950
 def _sp_cloud(rng):
     c = _pick(rng, [(250, 250, 250), (200, 200, 210)], 8)
     return [_E(-0.5, 0.15, 0.4, 0.3, c), _E(0.5, 0.15, 0.42, 0.3, c), _E(-0.1, -0.2, 0.45, 0.42, c), _E(0.3, -0.1, 0.35, 0.32, c), _R(-0.5, 0.1, 0.5, 0.45, c)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #85983cef
 def _sp_cup(rng):
     c = _pick(rng, [(240, 240, 240), (200, 50, 50), (50, 120, 200), (240, 200, 60)], 15)
     return [_L(list(_ell(0.55, 0.05, 0.28, 0.3, 14)) + [tuple(_ell(0.55, 0.05, 0.28, 0.3, 14)[0])], c, 0.12),
             _P([(-0.6, -0.5), (0.6, -0.5), (0.45, 0.7), (-0.45, 0.7)], c), _E(0, -0.5, 0.6, 0.12, (90, 55, 30)), _E(0, 0.82, 0.7, 0.1, _shade(c, 0.8))]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #241d6570
 def _sp_house(rng):
     c = _pick(rng, [(230, 210, 170), (200, 90, 70), (240, 240, 230), (150, 180, 210)], 20); r = _pick(rng, [(150, 40, 30), (70, 70, 80)], 20)
     return [_R(-0.7, -0.15, 0.7, 0.9, c), _P([(-0.9, -0.1), (0, -0.85), (0.9, -0.1)], r), _R(-0.15, 0.35, 0.15, 0.9, (110, 70, 40)),
             _R(-0.55, 0.05, -0.3, 0.3, (150, 190, 220)), _R(0.3, 0.05, 0.55, 0.3, (150, 190, 220))]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #60b74ed0
 def _sp_lamp(rng):
     c = _pick(rng, [(240, 220, 150), (200, 60, 60), (100, 160, 200), (240, 240, 230)], 20)
     return [_L([(0, -0.3), (0, 0.8)], (90, 90, 90), 0.08), _E(0, 0.85, 0.45, 0.12, (80, 80, 80)), _P([(-0.3, -0.9), (0.3, -0.9), (0.6, -0.25), (-0.6, -0.25)], c)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #8901c448
 def _sp_mushroom(rng):
     c = _pick(rng, [(210, 40, 30), (160, 100, 50), (230, 180, 80)], 20)
     cap = [tuple(p) for p in _ell(0, 0, 0.85, 0.7, 24) if p[1] <= 0.001]
     return [_R(-0.22, -0.05, 0.22, 0.85, (240, 235, 215)), _P(cap + [(-0.85, 0.05), (0.85, 0.05)], c),
             *[_E(x, y, 0.1, 0.08, _WHITE) for x, y in [(-0.4, -0.25), (0.1, -0.5), (0.45, -0.2)]]]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #54b24a7e
 def _sp_palm_tree(rng):
     t = _col(rng, (130, 95, 55), 15); g = _col(rng, (50, 140, 50), 20)
     fr = [_L([(0.1, -0.55), (0.1 + 0.8 * np.cos(a), -0.55 + 0.5 * np.sin(a)), (0.1 + 0.95 * np.cos(a), -0.35 + 0.5 * np.sin(a))], g, 0.1) for a in np.deg2rad([-170, -130, -90, -50, -10])]
     return [_L([(-0.2, 0.95), (-0.05, 0.3), (0.1, -0.55)], t, 0.14)] + fr
+
+# %% ../../nbs/tiny/10_tasks.ipynb #57f1d010
 def _sp_rocket(rng):
     c = _pick(rng, [(235, 235, 240), (200, 200, 210)], 10); k = _pick(rng, [(210, 40, 40), (40, 80, 200)], 20)
     return [_P([(-0.15, 0.7), (0.15, 0.7), (0.0, 1.0)], (250, 170, 30)), _P([(-0.22, 0.3), (-0.5, 0.75), (-0.22, 0.7)], k), _P([(0.22, 0.3), (0.5, 0.75), (0.22, 0.7)], k),
             _R(-0.22, -0.45, 0.22, 0.72, c), _P([(-0.22, -0.45), (0, -0.98), (0.22, -0.45)], k), _E(0, -0.15, 0.1, 0.1, (80, 150, 220))]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #3d066e27
 def _sp_snake(rng):
     c = _pick(rng, [(60, 140, 50), (150, 120, 40), (180, 50, 40)], 20); x = np.linspace(-0.9, 0.65, 14)
     return [_L([tuple(p) for p in np.stack([x, 0.3 * np.sin(x * 5)], 1)], c, 0.16), _E(0.75, 0.3 * np.sin(0.65 * 5), 0.2, 0.13, c),
             _L([(0.93, 0.3 * np.sin(3.25)), (1.0, 0.3 * np.sin(3.25) + 0.05)], (220, 40, 40), 0.03)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #5c30a9ad
 def _sp_spider(rng):
     c = _pick(rng, [(30, 30, 30), (90, 60, 40)], 15)
     legs = [_L([(0, 0), (s * 0.55, -0.35 + 0.25 * i), (s * 0.9, -0.1 + 0.3 * i)], c, 0.05) for s in (-1, 1) for i in range(4)]
     return legs + [_E(0, 0.35, 0.32, 0.38, c), _E(0, -0.2, 0.2, 0.2, c)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #a48fb182
 def _sp_sunflower(rng):
     y = _col(rng, (250, 200, 30), 15)
     pet = [_E(0.5 * np.cos(a), -0.35 + 0.5 * np.sin(a), 0.2, 0.2, y) for a in np.linspace(0, 2 * np.pi, 10, endpoint=False)]
     return [_L([(0, -0.3), (0, 1.0)], (60, 140, 50), 0.09), _E(0.25, 0.55, 0.22, 0.1, (60, 140, 50))] + pet + [_E(0, -0.35, 0.35, 0.35, (100, 60, 20))]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #2461ee02
 def _sp_television(rng):
     c = _pick(rng, [(40, 40, 40), (120, 90, 60), (180, 180, 180)], 15); s = tuple(int(v) for v in rng.integers(40, 220, 3))
     return [_L([(0, -0.5), (-0.35, -0.95)], (60, 60, 60), 0.04), _L([(0, -0.5), (0.35, -0.95)], (60, 60, 60), 0.04), _R(-0.9, -0.5, 0.9, 0.65, c),
@@ -576,48 +680,70 @@ def _sp_goldfish(rng):
     c = _col(rng, (250, 140, 20), 20); d = _shade(c, 0.75)
     return [_P([(-0.45, 0), (-0.95, -0.45), (-0.75, 0), (-0.95, 0.45)], d), _E(0.05, 0, 0.58, 0.36, c), _P([(0, -0.3), (0.3, -0.62), (0.35, -0.3)], d),
             _E(0.42, -0.08, 0.07, 0.07, _BLACK)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #55e803bc
 def _sp_king_penguin(rng):
     k = _col(rng, (30, 35, 45), 10)
     return [_E(0, 0.15, 0.42, 0.75, k), _E(0.05, 0.22, 0.3, 0.62, _WHITE), _E(0, -0.62, 0.25, 0.22, k), _E(-0.02, -0.38, 0.2, 0.08, (250, 170, 30)),
             _P([(0.2, -0.66), (0.48, -0.56), (0.2, -0.54)], (230, 110, 30)), _P([(-0.3, 0.88), (-0.05, 0.88), (-0.15, 0.97)], (40, 40, 40)), _P([(0.08, 0.88), (0.33, 0.88), (0.2, 0.97)], (40, 40, 40))]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #2a86205c
 def _sp_bald_eagle(rng):
     b = _col(rng, (90, 55, 30), 15)
     return [_P([(-0.1, -0.05), (-0.95, -0.65), (-0.55, 0.05)], b), _P([(0.1, -0.05), (0.95, -0.65), (0.55, 0.05)], b), _E(0, 0.15, 0.25, 0.5, b),
             _P([(-0.15, 0.6), (0.15, 0.6), (0.0, 0.95)], _WHITE), _E(0, -0.42, 0.18, 0.18, _WHITE), _P([(0.1, -0.45), (0.32, -0.38), (0.12, -0.32)], (240, 190, 30))]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #42e27462
 def _sp_ladybug(rng):
     r = _col(rng, (210, 30, 30), 20)
     return [*[_L([(0, 0.1), (s * 0.8, 0.1 + 0.3 * i)], _BLACK, 0.05) for s in (-1, 1) for i in (-1, 0, 1)], _E(0, 0.1, 0.62, 0.7, r), _E(0, -0.62, 0.32, 0.22, _BLACK),
             _L([(0, -0.55), (0, 0.8)], _BLACK, 0.05), *[_E(x, y, 0.12, 0.12, _BLACK) for x, y in [(-0.3, -0.15), (0.3, -0.15), (-0.32, 0.35), (0.32, 0.35)]]]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #a0735169
 def _sp_starfish(rng):
     c = _pick(rng, [(240, 110, 60), (200, 60, 120), (240, 180, 60)], 20); a = np.linspace(-np.pi / 2, 1.5 * np.pi, 10, endpoint=False)
     r = np.where(np.arange(10) % 2 == 0, 0.95, 0.38)
     return [_P(np.stack([r * np.cos(a), r * np.sin(a)], 1), c), _E(0, 0, 0.12, 0.12, _shade(c, 0.7))]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #b2749a5c
 def _sp_camel(rng):
     c = _col(rng, (200, 160, 100), 15); d = _shade(c, 0.7)
     legs = [_L([(x, 0.1), (x, 0.9)], c, 0.08) for x in (-0.45, -0.3, 0.25, 0.4)]
     return legs + [_E(-0.05, 0.0, 0.6, 0.26, c), _E(-0.15, -0.25, 0.28, 0.25, c), _L([(0.45, -0.05), (0.65, -0.55), (0.85, -0.55)], c, 0.12), _E(0.86, -0.55, 0.13, 0.08, c),
                    _L([(-0.62, -0.05), (-0.75, 0.35)], d, 0.05)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #1fd6c956
 def _sp_lighthouse(rng):
     k = _pick(rng, [(210, 30, 30), (30, 30, 30)], 15)
     parts = [_P([(-0.3, 0.95), (-0.18, -0.5), (0.18, -0.5), (0.3, 0.95)], _WHITE)]
     parts += [_P([(-0.3 + 0.12 * t0, 0.95 - 1.45 * t0), (-0.3 + 0.12 * t1, 0.95 - 1.45 * t1), (0.3 - 0.12 * t1, 0.95 - 1.45 * t1), (0.3 - 0.12 * t0, 0.95 - 1.45 * t0)], k) for t0, t1 in [(0.15, 0.32), (0.5, 0.67)]]
     return parts + [_R(-0.24, -0.62, 0.24, -0.5, k), _R(-0.15, -0.82, 0.15, -0.62, (255, 240, 150)), _P([(-0.2, -0.82), (0, -1.0), (0.2, -0.82)], k)]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #5746811d
 def _sp_hot_air_balloon(rng):
     c1, c2 = _pick(rng, [(220, 40, 40), (40, 90, 210), (240, 200, 40)], 20), _pick(rng, [(250, 250, 250), (40, 160, 60), (240, 120, 30)], 20)
     return [_E(0, -0.3, 0.62, 0.62, c1), _E(0, -0.3, 0.22, 0.62, c2), _P([(-0.45, 0.1), (0.45, 0.1), (0.15, 0.45), (-0.15, 0.45)], c1),
             _L([(-0.15, 0.45), (-0.12, 0.7)], (80, 60, 40), 0.03), _L([(0.15, 0.45), (0.12, 0.7)], (80, 60, 40), 0.03), _R(-0.15, 0.68, 0.15, 0.92, (130, 90, 50))]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #5f54a0e3
 def _sp_teapot(rng):
     c = _pick(rng, [(240, 240, 240), (60, 110, 180), (180, 60, 50), (60, 140, 90)], 20)
     return [_L([(0.4, -0.05), (0.65, -0.1), (0.9, -0.45)], c, 0.12), _L(list(_ell(-0.62, 0.15, 0.22, 0.28, 12)) + [tuple(_ell(-0.62, 0.15, 0.22, 0.28, 12)[0])], c, 0.08),
             _E(0, 0.2, 0.58, 0.5, c), _E(0, -0.28, 0.35, 0.1, _shade(c, 0.8)), _E(0, -0.42, 0.09, 0.08, _shade(c, 0.8))]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #e99ec871
 def _sp_pizza(rng):
     crust, cheese = _col(rng, (200, 140, 60), 15), _col(rng, (250, 210, 90), 15)
     return [_E(0, 0, 0.95, 0.95, crust), _E(0, 0, 0.8, 0.8, cheese), *[_E(x, y, 0.15, 0.15, (180, 40, 30)) for x, y in rng.uniform(-0.5, 0.5, (5, 2))],
             *[_E(x, y, 0.07, 0.07, (40, 110, 40)) for x, y in rng.uniform(-0.6, 0.6, (3, 2))]]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #7aae5d95
 def _sp_school_bus(rng):
     y = _col(rng, (245, 190, 20), 15)
     return [_R(-0.98, -0.55, 0.75, 0.35, y), _R(0.7, -0.2, 0.98, 0.35, y), *[_R(x, -0.42, x + 0.22, -0.12, (150, 190, 220)) for x in np.arange(-0.85, 0.55, 0.3)],
             _L([(-0.98, 0.05), (0.98, 0.05)], _BLACK, 0.04), *[_E(x, 0.38, 0.17, 0.17, _BLACK) for x in (-0.6, 0.55)]]
+
+# %% ../../nbs/tiny/10_tasks.ipynb #f53ce3b7
 def _sp_umbrella(rng):
     c = _pick(rng, [(200, 30, 30), (30, 60, 180), (40, 40, 40), (240, 200, 40)], 20)
     top = [tuple(p) for p in _ell(0, -0.05, 0.95, 0.8, 28) if p[1] <= -0.049]
@@ -647,6 +773,7 @@ def _finish(im:Image.Image, rng, blur:float, sigma:float)->Image.Image:
     if blur > 0: im = im.filter(ImageFilter.GaussianBlur(blur))
     return _noise(im, rng, sigma)
 
+# %% ../../nbs/tiny/10_tasks.ipynb #9d4d1d4c
 def _object_scene(rng, sprite, bg_name:str, *, size, jitter=4., angle=12., style='photo', blur=0.35, sigma=5., bg_extra=0.):
     "An object sprite on a named background: (image, object mask)."
     layer, mask = draw_sprite(sprite(rng), size=float(rng.uniform(*size)), center=tuple(S / 2 + rng.uniform(-jitter, jitter, 2)),
@@ -655,22 +782,26 @@ def _object_scene(rng, sprite, bg_name:str, *, size, jitter=4., angle=12., style
     if bg_extra: bg = bg + bg_extra * _smooth_noise(rng, 8)[..., None]
     return _finish(compose(np.clip(bg, 0, 255), layer, style), rng, blur, sigma), mask
 
+# %% ../../nbs/tiny/10_tasks.ipynb #5bb3dcbd
 def _context(rng, name, p=0.7):
     "A background for object `name`: one of its usual contexts with probability `p`, else any natural one."
     ctx = CONTEXTS[name]
     return ctx[int(rng.integers(len(ctx)))] if rng.random() < p else NATURAL_BGS[int(rng.integers(len(NATURAL_BGS)))]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #72d56804
 def render_cifar10(rng, y):
     "A small flat-coloured object of CIFAR-10's classes in one of its usual contexts."
     name = list(CIFAR10_SPRITES)[y]
     return _object_scene(rng, CIFAR10_SPRITES[name], _context(rng, name), size=(16, 26))[0]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #92b18a8a
 def render_stl10(rng, y):
     "CIFAR-10's classes in STL-10's style: larger, outlined, lit from above, on textured backgrounds, softer."
     name = list(CIFAR10_SPRITES)[y]
     return _object_scene(rng, CIFAR10_SPRITES[name], _context(rng, name, 0.5), size=(24, 34), jitter=5, angle=15, style='shaded',
                          blur=0.6, sigma=3, bg_extra=25)[0]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #9bc39912
 def render_cifar100(rng, y):
     "A small flat-coloured object of the CIFAR-100 stand-in's classes in one of its usual contexts."
     name = list(CIFAR100_SPRITES)[y]
@@ -692,6 +823,7 @@ def _other(rng, y, n):
     "A class index other than `y`."
     return int((y + 1 + rng.integers(n - 1)) % n)
 
+# %% ../../nbs/tiny/10_tasks.ipynb #ae84d58b
 def imagenet_scene(rng, y:int, # class index
                    variant:str='imagenet', # 'imagenet' or one of IMAGENET_VARIANTS
                   )->tuple[Image.Image, np.ndarray]:
@@ -726,6 +858,7 @@ def imagenet_scene(rng, y:int, # class index
         return _finish(im, rng, 0.35, 5), mask
     raise UnknownNameError(f"unknown ImageNet variant {variant!r}. Variants: imagenet, {', '.join(IMAGENET_VARIANTS)}")
 
+# %% ../../nbs/tiny/10_tasks.ipynb #2860b636
 IMAGENET_VARIANTS = ['imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a']
 
 WEB_BACKGROUNDS = sorted(set(NATURAL_BGS) | set(IMAGENET_BACKGROUNDS))
@@ -740,6 +873,7 @@ def web_view(rng, sprite)->Image.Image:
     im = _object_scene(rng, sprite, bg, size=(14, 30), jitter=5, angle=angle, style=style, blur=float(rng.uniform(0, 0.8)), sigma=4)[0]
     return im.convert('L').convert('RGB') if style == 'sketch' or rng.random() < 0.2 else im
 
+# %% ../../nbs/tiny/10_tasks.ipynb #a806b635
 def _web(sprites:dict)->Callable:
     "The pretraining renderer `(rng, label) → image` of a task whose classes are the sprites `sprites`."
     fns = list(sprites.values())
@@ -755,9 +889,13 @@ class TinyTask:
     splits:tuple[str, ...] = ('train', 'validation', 'test')
     pretrain:Callable|None = None  # `(rng, label) → PIL image` for the pretraining corpus (default: the train renderer, shifted)
 
+# %% ../../nbs/tiny/10_tasks.ipynb #90ff3587
 def _ignore_split(f): return lambda rng, y, split: f(rng, y)
+
+# %% ../../nbs/tiny/10_tasks.ipynb #9d0329e8
 def _imagenet(variant): return lambda rng, y, split: imagenet_scene(rng, y, variant)[0]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #f4435082
 DIGITS = tuple(str(i) for i in range(10))
 IMAGENET_CLASSES = tuple(IMAGENET_SPRITES)
 TASKS:dict[str, TinyTask] = {t.name: t for t in [
@@ -789,14 +927,17 @@ def _scale(scale:str)->dict:
     if scale not in SCALES: raise UnknownNameError(f"unknown scale {scale!r}. Scales: {', '.join(SCALES)}")
     return SCALES[scale]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #7802c800
 def _task(task:str)->TinyTask:
     if task not in TASKS: raise UnknownNameError(f"unknown tiny task {task!r}. Tasks: {', '.join(TASKS)}")
     return TASKS[task]
 
+# %% ../../nbs/tiny/10_tasks.ipynb #16d5d94c
 def _rng(seed:int, task:str, split:str, i:int)->np.random.Generator:
     "The generator of one image: depends only on (seed, task, split, index)."
     return np.random.default_rng([seed, _TASK_IDS[task], SPLITS.index(split), i])
 
+# %% ../../nbs/tiny/10_tasks.ipynb #62a227bd
 def build_split(task:str, split:str, n:int, seed:int=0)->Dataset:
     "`n` rendered images of `task`'s `split`, labels balanced, as a `datasets.Dataset` (image, label)."
     spec = _task(task)
@@ -807,11 +948,13 @@ def build_split(task:str, split:str, n:int, seed:int=0)->Dataset:
     feats = datasets.Features({'image': datasets.Image(), 'label': ClassLabel(names=list(spec.classnames))})
     return Dataset.from_dict({'image': images, 'label': labels}, features=feats)
 
+# %% ../../nbs/tiny/10_tasks.ipynb #7978a7e3
 def build_task(task:str, scale:str='tiny', seed:int=0)->DatasetDict:
     "The splits of a stand-in task (train / validation / test; test only for the ImageNet variants)."
     spec, sizes = _task(task), _scale(scale)
     return DatasetDict({s: build_split(task, s, n, seed) for s, n in sizes.items() if s in spec.splits})
 
+# %% ../../nbs/tiny/10_tasks.ipynb #edba4467
 def build_datasets(out_root:str|Path, # folder receiving one dataset folder per task
                    scale:str='tiny', seed:int=0,
                    tasks:list[str]|None=None, # default: every task in `TASKS`
@@ -836,6 +979,7 @@ def border_features(images, width:int=3)->np.ndarray:
     px = a[:, frame]  # (n, frame pixels, 3)
     return np.concatenate([px.mean(1), px.std(1)], 1)
 
+# %% ../../nbs/tiny/10_tasks.ipynb #3ec7f13e
 def background_cue_accuracy(fit:Dataset, # images + labels the border classifier is fitted on
                             evaluate:Dataset, # images + labels it is scored on
                             width:int=3)->float:
@@ -867,6 +1011,7 @@ def sample_grid(task:str, per_class:int=6, seed:int=0, pad:int=2)->np.ndarray:
             grid[y * c:y * c + S, j * c:j * c + S] = np.asarray(spec.render(_rng(seed, task, split, i), y, split))
     return grid
 
+# %% ../../nbs/tiny/10_tasks.ipynb #32eb59be
 def show_samples(task:str, per_class:int=6, seed:int=0, inches_per_image:float=0.45):
     "A matplotlib figure of `sample_grid(task, per_class, seed)` with the class names."
     import matplotlib.pyplot as plt
@@ -894,6 +1039,7 @@ def pretraining_shift(img:Image.Image, rng:np.random.Generator)->Image.Image:
     bg.paste(im.resize((z, z), Image.BILINEAR), (int(x), int(y)))
     return bg
 
+# %% ../../nbs/tiny/10_tasks.ipynb #23717adf
 def pretraining_corpus(n:int, # number of (image, caption) pairs
                        seed:int=0,
                        tasks:list[str]|None=None, # label spaces to caption (default: PRETRAINING_TASKS, i.e. all)
@@ -908,6 +1054,7 @@ def pretraining_corpus(n:int, # number of (image, caption) pairs
         img = spec.pretrain(rng, y) if spec.pretrain is not None else pretraining_shift(spec.render(rng, y, spec.splits[0]), rng)
         yield img, tpl[int(rng.integers(len(tpl)))].format(spec.classnames[y])
 
+# %% ../../nbs/tiny/10_tasks.ipynb #934f642d
 def vocabulary(tasks:list[str]|None=None, # default: every task in TASKS
               )->list[str]:
     "Every prompt the benchmark can produce (each task's templates × class names): the tokenizer's corpus."

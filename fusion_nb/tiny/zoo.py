@@ -36,6 +36,7 @@ class ZooConfig:
     pretrain_pairs:int; pretrain_steps:int; pretrain_batch:int; pretrain_lr:float; pretrain_weight_decay:float
     finetune_steps:int; finetune_batch:int; finetune_lr:float
 
+# %% ../../nbs/tiny/14_zoo.ipynb #78e29d38
 ZOO_CONFIGS = {
     'tiny': ZooConfig(128, 256, 4, 4, 64, 2, 64, pretrain_pairs=8000, pretrain_steps=1500, pretrain_batch=128, pretrain_lr=1e-3,
                       pretrain_weight_decay=0.1, finetune_steps=500, finetune_batch=64, finetune_lr=5e-4),
@@ -67,6 +68,7 @@ def clip_loss(model_output)->torch.Tensor:
     labels = torch.arange(model_output.logits_per_image.shape[0], device=model_output.logits_per_image.device)
     return (F.cross_entropy(model_output.logits_per_image, labels) + F.cross_entropy(model_output.logits_per_text, labels)) / 2
 
+# %% ../../nbs/tiny/14_zoo.ipynb #bda46d3e
 def pretrain_clip(out_dir:str|Path, # CLIPModel directory to write (with tokenizer and image processor)
                   cfg:ZooConfig, # sizes and budgets
                   seed:int=0,
