@@ -140,7 +140,7 @@ def _llava_rule(m, pretrained, models, hparams, ref_name, ref)->Callable:
     if m.needs_pretrained and pre is None: raise HyperparameterError(f"{m.name} needs the pretrained LLaVA (pretrained=)")
     check_models(pre, parts)
     hp = m.resolve({k: v for k, v in hparams.items() if k not in ('progress', 'check', 'device')})
-    rule = m.rule(pre, parts, hp, {}, dict(progress=False, check=True, device=None))
+    rule = m.merge_tensor_fn(pre, parts, hp)
     def merge_tensor(key, p, ts):
         if key in merged_keys: return rule(key, p, {n: ts[n] for n in models})
         return p if ref_name == 'pretrained' else ts[ref_name]   # the vision tower: the reference's, as it is

@@ -7,11 +7,12 @@ Docs: https://fusion-nb.github.io/fusion_nb/methods/registry.html.md"""
 # %% ../../nbs/methods/20_registry.ipynb #ad9a356d
 from __future__ import annotations
 import difflib, hashlib, inspect, math, numbers, sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
 import pandas as pd
 from fastcore.basics import patch
+from fastcore.docments import docments
 
 import torch
 from torch import Tensor, nn
@@ -21,10 +22,10 @@ from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError,
 from ..algebra import assert_finite, check_compatible, tensor_meta
 
 # %% auto #0
-__all__ = ['MERGE_METHODS', 'TOY_SHAPES', 'KINDS', 'MergedStateDict', 'as_state_dict', 'check_pool', 'tensor_dtype',
-           'compute_dtype', 'all_finite', 'read_tensor', 'check_models', 'merge_streaming', 'toy_pool', 'flat_vector',
-           'tensor_generator', 'check_choice', 'expert_weights', 'check_interval', 'Hyper', 'MergeMethod', 'declare',
-           'OutputWeights']
+__all__ = ['MERGE_METHODS', 'TOY_SHAPES', 'NO_DEFAULT', 'RULE_RUNTIME', 'FUSE_RUNTIME', 'KINDS', 'MergedStateDict',
+           'as_state_dict', 'check_pool', 'tensor_dtype', 'compute_dtype', 'all_finite', 'read_tensor', 'check_models',
+           'merge_streaming', 'toy_pool', 'flat_vector', 'tensor_generator', 'check_choice', 'expert_weights',
+           'check_interval', 'Hyper', 'signature_hypers', 'MergeMethod', 'declare', 'OutputWeights']
 
 # %% ../../nbs/methods/20_registry.ipynb #e89fed89
 MERGE_METHODS = Registry('merge method')
@@ -203,11 +204,13 @@ def check_choice(name:str, # hyperparameter name
 # %% ../../nbs/methods/20_registry.ipynb #11cc59a3
 def expert_weights(weights:Mapping|Sequence|float|None, # per-expert weights: dict by name, list in pool order, one number, or None
                    names:Sequence[str], # expert names in pool order
-                   default:float, # weight used when `weights` is None
+                   default:float|None=None, # weight used when `weights` is None (None: `weights` is required)
                    name:str='weights', # hyperparameter name for messages
                   )->dict[str, float]:
     "Resolve per-expert weights to a `name → float` dict, with errors naming missing or unknown experts."
-    if weights is None: return {n: float(default) for n in names}
+    if weights is None:
+        if default is None: raise HyperparameterError(f"{name} is required: give one weight, or one per expert ({', '.join(names)})")
+        return {n: float(default) for n in names}
     if isinstance(weights, (int, float)): return {n: float(weights) for n in names}
     if isinstance(weights, Mapping):
         unknown, missing = set(weights) - set(names), set(names) - set(weights)
@@ -241,11 +244,16 @@ def _number(name, value, method):
     return value if type(value) in (int, float) else float(value)  # ints stay ints: messages and records show what was given
 
 # %% ../../nbs/methods/20_registry.ipynb #7cf94ebb
+class _NoDefault:
+    "The `Hyper.default` of a declaration: the default is the rule's or fuse's signature's, filled in by `MergeMethod`."
+    def __repr__(self): return 'NO_DEFAULT'
+NO_DEFAULT = _NoDefault()
+
 @dataclass(frozen=True)
 class Hyper:
-    "A hyperparameter of a merge method: default, meaning, type, allowed values, and where the default comes from."
-    default:Any # the default value
-    doc:str # what it means
+    "What the signature cannot say of a hyperparameter: where its default comes from, its type and allowed values."
+    default:Any=NO_DEFAULT # filled in from the rule's or fuse's signature (never written in a declaration)
+    doc:str='' # filled in from the signature's docment (the comment after the parameter)
     source:str='' # the paper table or reference code the default comes from
     type:type|None=None # float, int, bool or str; None: any object (a path, a tensor, a function)
     interval:str|None=None # allowed numbers in interval notation, e.g. '(0, 100]'
@@ -276,6 +284,38 @@ class Hyper:
         return value
 
 
+# %% ../../nbs/methods/20_registry.ipynb #69375ddf
+RULE_RUNTIME = ('info', 'runtime')  # what a rule takes besides its hyperparameters (each only if it names it)
+FUSE_RUNTIME = ('data', 'progress', 'check', 'device')  # what a fuse takes besides its hyperparameters
+
+def _docments(fn)->dict:
+    try: return docments(getattr(fn, 'func', fn)) or {}
+    except (OSError, TypeError, ValueError, SyntaxError): return {}   # a lambda or a builtin: no comments to read
+
+def signature_hypers(fn:Callable, # a rule or fuse: (pretrained, experts, <hyperparameter>=<default>, ...)
+                     declared:Mapping[str, Hyper], # hyperparameter name → its Hyper (source, type, allowed values)
+                     method:str='merge', # named in the messages
+                    )->dict[str, Hyper]:
+    "The declared `Hyper`s in `fn`'s order, each with its default and meaning read from `fn`'s signature and docments."
+    bound = getattr(fn, 'keywords', None) or {}   # a functools.partial's fixed arguments are not hyperparameters
+    ps = [p for p in list(inspect.signature(fn).parameters.values())[2:] if p.name not in (*RULE_RUNTIME, *FUSE_RUNTIME, *bound)
+          and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if {p.name for p in ps} != set(declared):
+        raise ValueError(f"{method}: {getattr(fn, '__name__', 'its function')} takes hyperparameters ({', '.join(p.name for p in ps) or 'none'}) "
+                         f"other than its Hypers declare ({', '.join(declared) or 'none'})")
+    docs, out = _docments(fn), {}
+    for p in ps:
+        if p.default is p.empty: raise ValueError(f"{method}: hyperparameter {p.name!r} has no default in the signature")
+        if declared[p.name].default is not NO_DEFAULT:
+            raise ValueError(f"{method}: {p.name!r} has its default written twice (in its Hyper and in the signature): keep the signature's")
+        out[p.name] = replace(declared[p.name], default=p.default, doc=docs.get(p.name) or declared[p.name].doc)
+    return out
+
+# %% ../../nbs/methods/20_registry.ipynb #f86899d7
+def _legacy(fn, hypers)->bool:
+    "A declaration of the old form: defaults in the Hypers, a rule reading `hp[...]` (issue 23 converts them all)."
+    return 'hp' in inspect.signature(fn).parameters or any(h.default is not NO_DEFAULT for h in hypers.values())
+
 # %% ../../nbs/methods/20_registry.ipynb #e7582927
 KINDS = ('training-free', 'data-based', 'test-time', 'output-space', 'selection', 'task-conditional')  # task-conditional: `.for_task(task)` per task (methods/53)
 
@@ -286,9 +326,9 @@ class MergeMethod:
     label:str # how tables print it
     summary:str # one line: what it computes
     kind:str # one of KINDS
-    hypers:dict=field(default_factory=dict) # hyperparameter name → Hyper
-    rule:Callable|None=None # (pretrained, experts, hp, info, runtime) → merge_tensor(key, θ₀, {name: θᵢ}); training-free methods
-    fuse:Callable|None=None # (pretrained, experts, **hp, data, progress, check, device) → result; any other method
+    hypers:dict=field(default_factory=dict) # hyperparameter name → Hyper (source, type, range; the default is the signature's)
+    rule:Callable|None=None # (pretrained, experts, <hyperparameters>, info, runtime) → merge_tensor(key, θ₀, {name: θᵢ}); training-free methods
+    fuse:Callable|None=None # (pretrained, experts, <hyperparameters>, data, progress, check, device) → result; any other method
     papers:dict=field(default_factory=dict) # paper id → the hyperparameters of that paper's rows
     budgets:dict=field(default_factory=dict) # hyperparameter → the profile setting (settings.ini key) that scales it
     artefact:str|None=None # file suffix of what `save_to` writes (learned coefficients, masks, routers)
@@ -303,6 +343,8 @@ class MergeMethod:
     def __post_init__(self):
         check_choice('kind', self.kind, KINDS)
         if (self.rule is None) == (self.fuse is None): raise ValueError(f"{self.name}: declare exactly one of `rule` or `fuse`")
+        fn = self.rule or self.fuse
+        if not _legacy(fn, self.hypers): self.hypers = signature_hypers(fn, self.hypers, self.name)
         for p, hp in self.papers.items(): self.resolve(hp)  # a paper's settings must be valid hyperparameters
         self.__signature__ = self._signature()
 
@@ -338,6 +380,25 @@ def _check_inputs(m:MergeMethod, pretrained, experts)->tuple:
 # %% ../../nbs/methods/20_registry.ipynb #857b900e
 def _plain(v)->bool: return isinstance(v, (int, float, str, bool, type(None))) or (isinstance(v, (list, dict)) and len(str(v)) < 500)
 
+# %% ../../nbs/methods/20_registry.ipynb #0f56d8e1
+def _accepted(fn, **runtime)->dict:
+    "The runtime arguments `fn` names (a rule or fuse takes only those it uses)."
+    ps = inspect.signature(fn).parameters
+    return {k: v for k, v in runtime.items() if k in ps}
+
+# %% ../../nbs/methods/20_registry.ipynb #49d00a29
+@patch
+def merge_tensor_fn(self:MergeMethod, pretrained, # θ₀ (checked), or None
+                    experts:dict, # name → state dict (checked)
+                    hp:Mapping, # resolved hyperparameters (`.resolve`)
+                    info:dict|None=None, # where the rule may note what it computed
+                    runtime:dict|None=None, # progress, check and device
+                   )->Callable:
+    "The rule's `merge_tensor(key, θ₀, {name: θᵢ})` for these hyperparameters: what drivers other than `__call__` apply."
+    info, runtime = ({} if info is None else info), runtime or dict(progress=False, check=True, device=None)
+    if 'hp' in inspect.signature(self.rule).parameters: return self.rule(pretrained, experts, hp, info, runtime)
+    return self.rule(pretrained, experts, **hp, **_accepted(self.rule, info=info, runtime=runtime))
+
 # %% ../../nbs/methods/20_registry.ipynb #1f7c44a8
 @patch
 def __call__(self:MergeMethod, pretrained, # θ₀: state dict (plain or lazy) or nn.Module; None where the method allows
@@ -354,14 +415,14 @@ def __call__(self:MergeMethod, pretrained, # θ₀: state dict (plain or lazy) o
     if self.rule is not None:
         if data is not None: raise HyperparameterError(f"{self.name} is {self.kind}: it takes no data")
         info = {}
-        rule = self.rule(pretrained, pool, hp, info, dict(progress=progress, check=check, device=device))
+        rule = self.merge_tensor_fn(pretrained, pool, hp, info, dict(progress=progress, check=check, device=device))
         out = merge_streaming(pretrained, pool, rule, progress=progress, check=check, device=device,
                               desc=self.label, propagates_nonfinite=self.propagates_nonfinite)
     else:
         runtime = dict(progress=progress, check=check, device=device, data=data)
-        accepted = inspect.signature(self.fuse).parameters
-        if data is not None and 'data' not in accepted: raise HyperparameterError(f"{self.name} is {self.kind}: it takes no data")
-        out = self.fuse(pretrained, pool, **hp, **{k: v for k, v in runtime.items() if k in accepted})
+        if data is not None and 'data' not in inspect.signature(self.fuse).parameters:
+            raise HyperparameterError(f"{self.name} is {self.kind}: it takes no data")
+        out = self.fuse(pretrained, pool, **hp, **_accepted(self.fuse, **runtime))
         info = dict(getattr(out, 'info', None) or {})
     info = {**{k: v for k, v in hp.items() if _plain(v)}, **info, 'method': self.name}
     out.info = {'method': info.pop('method'), **info}

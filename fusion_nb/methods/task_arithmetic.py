@@ -16,9 +16,11 @@ from .registry import Hyper, MergeMethod, OutputWeights, declare, expert_weights
 __all__ = ['task_arithmetic']
 
 # %% ../../nbs/methods/22_task_arithmetic.ipynb #603c88a9
-def _task_arithmetic_rule(pretrained, experts, hp, info, runtime):
+def _task_arithmetic_rule(pretrained, experts,
+                          scaling_factor:float|Mapping|Sequence=0.3, # λ, or one λᵢ per expert (dict by name or list in pool order)
+                         ):
     "Per tensor (1 − Σλᵢ)·θ₀ + Σ λᵢ·θᵢ: one fused multiply-add per expert, no temporaries."
-    lam = expert_weights(hp['scaling_factor'], list(experts), 0.3, name='scaling_factor')
+    lam = expert_weights(scaling_factor, list(experts), name='scaling_factor')
     keep = 1.0 - sum(lam.values())
     def merge_tensor(key, pre, ts):
         out = torch.mul(pre, keep)
@@ -29,12 +31,11 @@ def _task_arithmetic_rule(pretrained, experts, hp, info, runtime):
 # %% ../../nbs/methods/22_task_arithmetic.ipynb #9c6076a9
 def _task_arithmetic_output_weights(result, names, hp):
     "λᵢ on each expert's outputs and 1 − Σλᵢ on θ₀'s: the merge's own affine weights, not renormalised."
-    return OutputWeights(expert_weights(hp['scaling_factor'], list(names), 0.3, name='scaling_factor'))
+    return OutputWeights(expert_weights(hp['scaling_factor'], list(names), name='scaling_factor'))
 
 # %% ../../nbs/methods/22_task_arithmetic.ipynb #f9e6cc41
 task_arithmetic = declare(MergeMethod(
     'task_arithmetic', 'Task Arithmetic', 'θ = θ₀ + λ Σᵢ (θᵢ − θ₀), merged tensor by tensor.', 'training-free',
-    hypers={'scaling_factor': Hyper(0.3, 'λ, or one λᵢ per expert (dict by name or list in pool order)',
-                                    "paper 000, eight-task tables: 'Task Arithmetic (λ=0.3)'", float, per_expert=True)},
-    papers={'000': {'scaling_factor': 0.3}, '001': {'scaling_factor': 0.3}, '004': {}},
+    hypers={'scaling_factor': Hyper(source="paper 000, eight-task tables: 'Task Arithmetic (λ=0.3)'", type=float, per_expert=True)},
+    papers={'000': {}, '001': {}, '004': {}},
     rule=_task_arithmetic_rule, propagates_nonfinite=True, output_weights=_task_arithmetic_output_weights))

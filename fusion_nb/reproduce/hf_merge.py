@@ -185,11 +185,12 @@ class HFMergePlan:
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #7e56a422
 def _rule_per_tensor(m:MergeMethod, values:Callable, pretrained, experts, runtime, t:Mapping[str, float], make_rule=None):
     "`merge_tensor` that applies `m`'s rule with the hyperparameters `values` gives each tensor (one rule per distinct set)."
-    make_rule, rules, info = make_rule or m.rule, {}, {}
+    rules, info = {}, {}
     def merge_tensor(key, pre, ts):
         hp = values(key, t.get(key, 0.0))
         sig = json.dumps(hp, sort_keys=True, default=str)
-        if sig not in rules: rules[sig] = make_rule(pretrained, experts, hp if make_rule is not m.rule else m.resolve(hp), info, runtime)
+        if sig not in rules: rules[sig] = (make_rule(pretrained, experts, hp, info, runtime) if make_rule is not None
+                                           else m.merge_tensor_fn(pretrained, experts, m.resolve(hp), info, runtime))
         return rules[sig](key, pre, ts)
     return merge_tensor
 
