@@ -14,7 +14,7 @@ Assumed (stated, override on the command line): H100 SXM float32 throughput (the
 evaluates in float32; TF32 is off by default in torch: 67 TFLOP/s peak, `--efficiency` of it achieved),
 per-operator overhead `--op-us` microseconds, `--workers` DataLoader processes decoding images in
 parallel with the GPU (today: 0, i.e. on the main thread, serially), test-set sizes of the eight tasks
-(`TEST_IMAGES`, the tanganke/* test splits) and paper 000's budgets (`fusion_nb.methods.rows.FUSION_SETTINGS`).
+(`TEST_IMAGES`, the tanganke/* test splits) and paper 000's budgets (`fusion_nb.reproduce.rows.FUSION_SETTINGS`).
 
     python bench/gpu_cost_model.py
     python bench/gpu_cost_model.py --efficiency 0.3 --op-us 15 --workers 12
@@ -32,7 +32,7 @@ from transformers import CLIPImageProcessor, CLIPVisionConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fusion_nb.methods.adamerging import adamerging_backward, adamerging_step_loss
-from fusion_nb.methods.rows import FUSION_SETTINGS, ROW_LABELS
+from fusion_nb.reproduce.rows import FUSION_SETTINGS, ROW_LABELS
 from tta_memory import SHAPES, TASKS, BATCH, Data, random_models, stacked
 
 TEST_IMAGES = {'sun397': 19850, 'stanford-cars': 8041, 'resisc45': 6300, 'eurosat': 2700, 'svhn': 26032,

@@ -26,7 +26,7 @@ from fusion_nb.reproduce.profiles import load_profile, prepare
 from fusion_nb.pools import ModelPool, TaskPool, PRETRAINED
 from fusion_nb.evaluation import image_loader
 from fusion_nb.methods.data import MergeData
-from fusion_nb.methods.rows import fusion_settings
+from fusion_nb.reproduce.rows import fusion_settings
 from fusion_nb.merge import merge
 
 

@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/checkpoints.html.md"""
 
 # %% ../nbs/02_checkpoints.ipynb #d778c6be
 from __future__ import annotations
-import contextlib, copy, json, os, pickle
+import contextlib, copy, glob, json, os, pickle, threading, urllib.error, urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -21,9 +21,10 @@ from .core import FusionError, IncompatibleModelsError, atomic_dir, atomic_write
 from .algebra import materialize, tensor_meta
 
 # %% auto #0
-__all__ = ['VISION_PREFIX', 'POSITION_IDS', 'VISION_MODEL_FILES', 'is_local_source', 'hub_revision', 'hub_offline',
+__all__ = ['VISION_PREFIX', 'POSITION_IDS', 'VISION_MODEL_FILES', 'is_local_source', 'hub_revision', 'env_true', 'hub_offline',
            'resolve_model_dir', 'LazyStateDict', 'vision_state_dict', 'vision_config', 'check_vision_state_dict',
-           'load_vision_model', 'save_state_dict', 'save_vision_model']
+           'load_vision_model', 'save_state_dict', 'save_vision_model', 'hub_reachable', 'file_cached', 'model_cached',
+           'dataset_cached']
 
 # %% ../nbs/02_checkpoints.ipynb #f94184a7
 _HUB_PATTERNS = ['*.json', '*.safetensors', '*.txt', '*.model']
@@ -41,10 +42,17 @@ def hub_revision(source:str)->tuple[str, str|None]:
     if at and not rev.strip(): raise FusionError(f"{source!r}: no revision after '@' (write owner/name@commit, or leave '@' out)")
     return repo, (rev.strip() or None)
 
+# %% ../nbs/02_checkpoints.ipynb #82594d4e
+_TRUE = ('1', 'true', 'yes', 'on')   # what an environment switch such as HF_HUB_OFFLINE counts as set
+
+def env_true(var:str)->bool:
+    "Is environment variable `var` set to a true value (1, true, yes, on)?"
+    return os.environ.get(var, '').strip().lower() in _TRUE
+
 # %% ../nbs/02_checkpoints.ipynb #565cae9e
 def hub_offline()->bool:
     "True when the Hugging Face Hub must not be contacted (`HF_HUB_OFFLINE` set now or when huggingface_hub was imported)."
-    if os.environ.get('HF_HUB_OFFLINE', '0').strip().lower() in ('1', 'true', 'yes', 'on'): return True
+    if env_true('HF_HUB_OFFLINE'): return True
     from huggingface_hub import constants
     return bool(constants.HF_HUB_OFFLINE)
 
@@ -373,3 +381,53 @@ def save_vision_model(state_dict:Mapping, # canonical vision state dict (plain o
         from fusion_nb.core import current_umask   # safetensors writes 0600: give it the mode the umask gives every other output
         os.chmod(tmp/'model.safetensors', 0o666 & ~current_umask())
     return Path(out_dir)
+
+# %% ../nbs/02_checkpoints.ipynb #1dc459d6
+def hub_reachable(timeout:float=3.0, # seconds to wait for an answer, DNS included
+                  endpoint:str|None=None, # default: huggingface_hub's endpoint (HF_ENDPOINT)
+                 )->bool:
+    "Does the Hugging Face Hub answer an HTTP request within `timeout` seconds? (False when HF_HUB_OFFLINE is set.)"
+    if env_true('HF_HUB_OFFLINE'): return False
+    if endpoint is None:
+        from huggingface_hub import constants
+        endpoint = constants.ENDPOINT
+    answered = []
+    def probe():
+        try: urllib.request.urlopen(urllib.request.Request(endpoint, method='HEAD'), timeout=timeout); answered.append(True)
+        except urllib.error.HTTPError: answered.append(True)   # an HTTP error status is still an answer
+        except Exception: pass
+    t = threading.Thread(target=probe, daemon=True)   # a thread bounds the DNS lookup too
+    t.start(); t.join(timeout)
+    return bool(answered)
+
+# %% ../nbs/02_checkpoints.ipynb #a40f244e
+def file_cached(source:str, # hub id
+                cache_dir=None, # default: the library's own cache
+               )->bool:
+    "Is a hub file (`repo:file`, default file model.pt) in the local cache?"
+    from huggingface_hub import try_to_load_from_cache
+    repo, _, file = source.partition(':')
+    return isinstance(try_to_load_from_cache(repo, file or 'model.pt', cache_dir=cache_dir), str)
+
+# %% ../nbs/02_checkpoints.ipynb #7a13f573
+def model_cached(source:str, # hub id
+                 cache_dir=None, # default: the library's own cache
+                )->bool:
+    "Is a hub model (`repo` or `repo@revision`) with its weights in the local cache?"
+    from huggingface_hub import snapshot_download
+    repo, revision = hub_revision(source)
+    try: d = Path(snapshot_download(repo, revision=revision, local_files_only=True, cache_dir=cache_dir))
+    except Exception: return False
+    return any(d.glob('*.safetensors')) or any(d.glob('*.bin'))
+
+# %% ../nbs/02_checkpoints.ipynb #182c5c8f
+def dataset_cached(source:str, # hub id
+                   cache_dir=None, # default: the library's own cache
+                  )->bool:
+    "Is a hub dataset (`repo` or `repo:config`) prepared by datasets in the local cache?"
+    from datasets import config
+    from datasets.naming import camelcase_to_snakecase
+    repo, _, cfg = source.partition(':')
+    owner, _, ds = repo.partition('@')[0].rpartition('/')
+    folder = Path(cache_dir or config.HF_DATASETS_CACHE)/'___'.join(filter(None, [owner, camelcase_to_snakecase(ds)]))
+    return any(Path(p).is_dir() for p in glob.glob(str(folder/(glob.escape(cfg) if cfg else '*')/'*'/'*')))

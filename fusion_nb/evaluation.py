@@ -22,7 +22,7 @@ from .checkpoints import LazyStateDict
 
 # %% auto #0
 __all__ = ['COMBINE', 'AUTOCAST', 'zeroshot_head', 'task_head', 'ZeroShotClassifier', 'ImageTransform', 'image_loader',
-           'TaskBatches', 'task_batches', 'evaluate_task', 'evaluate']
+           'TaskBatches', 'task_batches', 'evaluate_task', 'evaluate', 'method_task_table']
 
 # %% ../nbs/06_evaluation.ipynb #c5a99209
 @torch.no_grad()
@@ -283,3 +283,21 @@ def evaluate(models:Mapping[str, object], # row name → pool name, CLIPVisionMo
     empty = [t for t in task_order if t not in {r['task'] for r in records}]   # no batch at all: never reached evaluate_task
     if empty: raise FusionError(f"task(s) {', '.join(map(repr, empty))}: the dataset is empty")
     return pd.DataFrame.from_records(records, columns=['model', 'task', 'metric', 'value', *columns])
+
+# %% ../nbs/06_evaluation.ipynb #614fe7f3
+def method_task_table(records:pd.DataFrame, # tidy records
+                      metric:str='accuracy', # which metric to show
+                      row:str='model', # column naming the rows
+                      tasks:Sequence[str]|None=None, # column order (default: order of appearance)
+                      percent:bool=True, # ×100, as the papers print accuracies
+                      avg:bool=True, # add the `Avg.` column (mean over the row's tasks)
+                     )->pd.DataFrame:
+    "Rows × tasks table of `metric` (rows in order of appearance), with an `Avg.` column."
+    r = records[records['metric'] == metric]
+    rows = list(dict.fromkeys(r[row]))
+    cols = list(tasks) if tasks is not None else list(dict.fromkeys(r['task']))
+    wide = r.pivot_table(index=row, columns='task', values='value', aggfunc='mean').reindex(index=rows, columns=cols)
+    if percent: wide = wide * 100
+    if avg: wide['Avg.'] = wide[cols].mean(axis=1, skipna=True)
+    wide.index.name, wide.columns.name = row, None
+    return wide

@@ -32,7 +32,7 @@ def test_multi_task_table_all_rows(micro_project, tmp_path):
     assert table.loc['Simple Averaging', 'Gap (Avg.)'] == pytest.approx(gap)
     assert (out/'average_accuracy.png').exists()
     # beyond paper 000: every training-free sota row (NuSLERP too: two experts here), none with a same-weights ensemble
-    from fusion_nb.methods.sota import sota_rows
+    from fusion_nb.reproduce.sota import sota_rows
     from fusion_nb.reproduce.reports import ROW_LABELS
     beyond = pd.read_csv(out/'table_beyond.csv', index_col=0)
     assert list(beyond.index) == [ROW_LABELS[r] for r in sota_rows(2, kinds=('training-free',), root=micro_project)] and 'NuSLERP' in beyond.index

@@ -4,7 +4,7 @@ from pathlib import Path
 import pandas as pd
 import pytest, torch
 
-from fusion_nb.methods.rows import paper_rows
+from fusion_nb.reproduce.rows import paper_rows
 from fusion_nb.reproduce.reports import ROW_LABELS
 from fusion_nb.reproduce.profiles import load_profile, prepare
 from fusion_nb.pools import ModelPool, TaskPool, PRETRAINED
@@ -51,7 +51,7 @@ def test_eight_task_table_every_row(micro, tmp_path):
 def check_beyond_block(out, P, models, tasks, pre, experts):
     "The 'beyond paper 000' block: every sota row once (task-conditional ones apart, marked †), published numbers beside, one row re-evaluated."
     from fusion_nb.merge import MERGE_METHODS
-    from fusion_nb.methods.sota import load_sota_values, sota_rows
+    from fusion_nb.reproduce.sota import load_sota_values, sota_rows
     single = pd.read_csv(out/'table_beyond.csv', index_col=0)
     cond = out/'table_beyond_task_conditional.csv'
     cond = pd.read_csv(cond, index_col=0) if cond.exists() else single.iloc[:0]

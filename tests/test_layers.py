@@ -9,11 +9,11 @@ LAYERS = {'methods': 1, 'merge': 2, 'tiny': 3, 'neulig': 4, 'robust': 4, 'maskin
 
 ALLOWED = {   # (importer, imported): why it stands until the house issue moves it
     ('fusion_nb.merge', 'fusion_nb.neulig.neulig'): "paper 001's method is declared in its paper's package and registered by the facade",
-    ('fusion_nb.methods.rows', 'fusion_nb.merge'): 'paper rows belong in reproduce (issue 23: move them)',
-    ('fusion_nb.methods.rows', 'fusion_nb.reproduce.reports'): 'paper rows read the paper values (issue 23: move rows to reproduce)',
-    ('fusion_nb.methods.merge_vs_ensemble', 'fusion_nb.merge'): "paper 001's Mer./Ens./Gap runs every method by name",
-    ('fusion_nb.methods.merge_vs_ensemble', 'fusion_nb.reproduce.reports'): 'its table labels (issue 23: labels into the spine)',
-    ('fusion_nb.methods.sota', 'fusion_nb.merge'): "the beyond-paper-000 rows run every method by name (like methods.rows)",
+    ('fusion_nb.reproduce.rows', 'fusion_nb.merge'): 'paper rows belong in reproduce (issue 23: move them)',
+    ('fusion_nb.reproduce.rows', 'fusion_nb.reproduce.reports'): 'paper rows read the paper values (issue 23: move rows to reproduce)',
+    ('fusion_nb.neulig.merge_vs_ensemble', 'fusion_nb.merge'): "paper 001's Mer./Ens./Gap runs every method by name",
+    ('fusion_nb.neulig.merge_vs_ensemble', 'fusion_nb.reproduce.reports'): 'its table labels (issue 23: labels into the spine)',
+    ('fusion_nb.reproduce.sota', 'fusion_nb.merge'): "the beyond-paper-000 rows run every method by name (like reproduce.rows)",
     ('fusion_nb.llava.benchmarks', 'fusion_nb.reproduce.profiles'): 'hub helpers (issue 23: move them into checkpoints)',
     ('fusion_nb.masking.imagenet_data', 'fusion_nb.reproduce.profiles'): 'hub helpers (issue 23: move them into checkpoints)',
     ('fusion_nb.robust.paper_data', 'fusion_nb.masking.imagenet_data'): 'ImageNet sources shared by papers 002 and 003 (issue 23: into the spine)',

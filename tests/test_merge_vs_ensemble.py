@@ -1,4 +1,4 @@
-"Paper 001's Mer./Ens./Gap (fusion_nb.methods.merge_vs_ensemble): ensembles checked against a naive loop over the members, per-sample weights, one-hot weights, bad input, experiment 01."
+"Paper 001's Mer./Ens./Gap (fusion_nb.neulig.merge_vs_ensemble): ensembles checked against a naive loop over the members, per-sample weights, one-hot weights, bad input, experiment 01."
 import os, subprocess, sys
 import pandas as pd
 import pytest
@@ -9,7 +9,7 @@ from fusion_nb.core import FusionError, HyperparameterError, NonFiniteError
 from fusion_nb.evaluation import ImageTransform, ZeroShotClassifier, evaluate, task_head
 from fusion_nb.merge import merge
 from fusion_nb.methods.data import MergeData
-from fusion_nb.methods.merge_vs_ensemble import (RoutedClassifier, gap_table, merge_ensemble_gap, output_ensemble, output_weights,
+from fusion_nb.neulig.merge_vs_ensemble import (RoutedClassifier, gap_table, merge_ensemble_gap, output_ensemble, output_weights,
                                                  printable_gap_table)
 from fusion_nb.methods.registry import OutputWeights
 from fusion_nb.methods.we_moe import _layers

@@ -108,8 +108,8 @@ def test_unknown_keys_are_refused(settings, key, hint):
     assert f"profile 'bad' in {settings}: unknown key {key!r}" in str(e.value) and hint in str(e.value)
 
 def test_budget_keys_stay_accepted_and_match_the_methods():
-    "Every budget fusion_nb.methods.rows reads is a known key (the settings.ini header lists the same)."
-    from fusion_nb.methods.rows import FUSION_SETTINGS
+    "Every budget fusion_nb.reproduce.rows reads is a known key (the settings.ini header lists the same)."
+    from fusion_nb.reproduce.rows import FUSION_SETTINGS
     from fusion_nb.reproduce.profiles import BUDGET_KEYS
     assert set(FUSION_SETTINGS) == BUDGET_KEYS
     assert load_profile('tiny', adamerging_steps=7, wemoe_lr=1e-3).extra['adamerging_steps'] == '7'

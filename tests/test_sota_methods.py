@@ -5,7 +5,7 @@ from safetensors.torch import save_file
 from fusion_nb.checkpoints import LazyStateDict
 from fusion_nb.merge import MERGE_METHODS, merge, methods_table
 from fusion_nb.methods.registry import toy_pool, flat_vector
-from fusion_nb.methods.rows import fusion_settings
+from fusion_nb.reproduce.rows import fusion_settings
 from fusion_nb.reproduce.profiles import load_profile, list_profiles
 
 NEW = ['tsv_merging', 'iso_c', 'iso_cts', 'cart', 'wudi_merging', 'emr_merging', 'tall_masks']

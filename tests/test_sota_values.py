@@ -8,7 +8,7 @@ beats the experts on their own tasks on average), and every declared method in t
 import pandas as pd
 
 from fusion_nb.merge import MERGE_METHODS
-from fusion_nb.methods.sota import SOTA_COLUMNS, load_sota_values, sota_rows
+from fusion_nb.reproduce.sota import SOTA_COLUMNS, load_sota_values, sota_rows
 from fusion_nb.reproduce.profiles import list_profiles, load_profile
 from fusion_nb.reproduce.reports import load_paper_values
 

@@ -191,12 +191,12 @@ def _location(name:str, loc:str|None, root:Path|None)->str|None:
 # %% ../../nbs/llava/65_benchmarks.ipynb #bd659cd8
 def _hub_problem(name:str, src:BenchmarkSource, repo:str, reachable:bool)->str|None:
     "Why hub dataset `repo` (this set's, or another id the profile gave) cannot be read, or None."
-    from fusion_nb.reproduce.profiles import _dataset_cached
+    from fusion_nb.checkpoints import dataset_cached
     save = (f"or, on a machine with hub access, run `fusion_nb.llava.benchmarks.save_benchmark({name!r}, folder)` and set "
             f"{name}=./folder (a path relative to the project root)")
     if not reachable:
         configs = [src.config] + ([src.images[0]] if src.images else [])
-        missing = [c for c in configs if not _dataset_cached(f"{repo}:{c}" if c else repo)]
+        missing = [c for c in configs if not dataset_cached(f"{repo}:{c}" if c else repo)]
         if not missing: return None
         return f"{name}: hub dataset {repo!r} ({', '.join(c or 'default config' for c in missing)}) is not in the local cache and the hub is not reachable; run where the hub is reachable, {save}"
     from huggingface_hub import auth_check
@@ -217,7 +217,7 @@ def benchmark_problems(specs, # what parse_benchmark_specs takes
     specs = parse_benchmark_specs(specs)
     if not specs: return [f"no {role.replace('_', '-')} sets are listed"]
     if hub_reachable is None:
-        from fusion_nb.reproduce.profiles import hub_reachable as _reachable
+        from fusion_nb.checkpoints import hub_reachable as _reachable
         hub_reachable = _reachable()
     problems = []
     for name, loc in specs.items():
@@ -239,7 +239,7 @@ def check_benchmarks(held_in=None, # the held-in sets (what parse_benchmark_spec
                     )->None:
     "Raise one FusionError naming every listed set that cannot be loaded, and what to do."
     if hub_reachable is None:
-        from fusion_nb.reproduce.profiles import hub_reachable as _reachable
+        from fusion_nb.checkpoints import hub_reachable as _reachable
         hub_reachable = _reachable()
     problems = [p for role, specs in zip(ROLES, (held_in, held_out)) if specs is not None
                 for p in benchmark_problems(specs, role, root, hub_reachable)]

@@ -102,11 +102,11 @@ def missing_sources(profile, # a fusion_nb.reproduce.profiles.Profile with datas
                     *, hub_reachable:bool|None=None, # default: ask the hub, only if some task is on it
                    )->list[str]:
     "One line per dataset of `tasks` that `profile` cannot read, saying how to provide it (empty: all readable)."
-    from fusion_nb.reproduce.profiles import hub_reachable as _reachable, missing_from_cache
+    from fusion_nb.checkpoints import dataset_cached, hub_reachable as _reachable
     from fusion_nb.pools import local_dataset
     hub_tasks = [t for t in tasks if t in profile.datasets and not is_local_source(profile.datasets[t])]
     reachable = (_reachable() if hub_tasks else True) if hub_reachable is None else hub_reachable
-    cached_missing = set(missing_from_cache(profile)) if hub_tasks and not reachable else set()
+    cached_missing = {f'dataset {profile.datasets[t]}' for t in hub_tasks if not reachable and not dataset_cached(profile.datasets[t])}
     problems = []
     for t in tasks:
         src, info = profile.datasets.get(t), catalog.get(t)

@@ -15,11 +15,10 @@ import torch
 from torch import Tensor, nn
 
 from ..core import FusionError, NonFiniteError, atomic_dir, atomic_write_text, get_dtype
-from ..checkpoints import (check_vision_state_dict, hub_offline, is_local_source, resolve_model_dir, save_vision_model,
-                           vision_config)
+from ..checkpoints import (check_vision_state_dict, hub_offline, hub_reachable, is_local_source, resolve_model_dir,
+                                   save_vision_model, vision_config)
 from ..methods.registry import MERGE_METHODS, MergeMethod, all_finite
 from ..methods.ensemble import is_ensemble
-from .profiles import hub_reachable
 import fusion_nb
 
 # %% auto #0

@@ -241,7 +241,7 @@ def _profile(raw:dict, m:MergeMethod, w:str):
 def _budgets(m:MergeMethod, profile)->dict:
     "The method's hyperparameters the profile scales (steps, examples, learning rates)."
     if profile is None: return {}
-    from fusion_nb.methods.rows import fusion_settings
+    from fusion_nb.reproduce.rows import fusion_settings
     s = fusion_settings(profile)
     return {h: s[key] for h, key in m.budgets.items()}
 

@@ -13,12 +13,13 @@ from pathlib import Path
 import torch
 
 from ..core import FusionError, UnknownNameError, get_device, get_dtype, project_root
+from ..checkpoints import dataset_cached, env_true, file_cached, hub_reachable, model_cached
 
 # %% auto #0
 __all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'PAPER_KEYS', 'SCRATCH', 'SWEEPS', 'BUDGET_RANGES',
            'Profile', 'is_local', 'resolve_source', 'settings_path', 'list_profiles', 'declared_parameters',
-           'check_keys', 'check_budgets', 'load_profile', 'hub_reachable', 'Source', 'experiment_sources',
-           'profile_sources', 'source_problems', 'missing_from_cache', 'prepare', 'resolved_revisions']
+           'check_keys', 'check_budgets', 'load_profile', 'Source', 'experiment_sources', 'profile_sources',
+           'source_problems', 'missing_from_cache', 'prepare', 'resolved_revisions']
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #fc87d834
 @dataclass
@@ -73,7 +74,7 @@ _KNOWN = {'description', 'pretrained', 'tasks', 'expert_template', 'dataset_temp
 # where an experiment runs, not what it computes: not part of an experiment's inputs (fusion_nb.reproduce.runner)
 PLACEMENT_KEYS = ('cpus_per_experiment', 'gpus_per_experiment')
 AUTOCAST = ('none', 'bfloat16', 'float16')
-# budgets of the data-based and test-time methods, read by fusion_nb.methods.rows (its FUSION_SETTINGS)
+# budgets of the data-based and test-time methods, read by fusion_nb.reproduce.rows (its FUSION_SETTINGS)
 BUDGET_KEYS = {'fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_batch_size', 'adamerging_steps', 'adamerging_lr',
                'concrete_ta_steps', 'concrete_lw_steps', 'concrete_lr', 'wemoe_steps', 'wemoe_lr',
                'neulig_steps', 'neulig_lr', 'neulig_batch_size', 'wudi_steps', 'wudi_lr'}
@@ -236,27 +237,6 @@ def load_profile(name:str|None=None, # profile (section of settings.ini); defaul
     extra = {k: v for k, v in raw.items() if k not in _KNOWN and not k.startswith(('expert.', 'dataset.'))}
     return Profile(name=name, root=root, extra=extra, raw=raw, **_parse(name, raw, root))
 
-# %% ../../nbs/reproduce/90_profiles.ipynb #82594d4e
-def _env_true(var:str)->bool: return os.environ.get(var, '').strip().lower() in _TRUE
-
-# %% ../../nbs/reproduce/90_profiles.ipynb #1dc459d6
-def hub_reachable(timeout:float=3.0, # seconds to wait for an answer, DNS included
-                  endpoint:str|None=None, # default: huggingface_hub's endpoint (HF_ENDPOINT)
-                 )->bool:
-    "Does the Hugging Face Hub answer an HTTP request within `timeout` seconds? (False when HF_HUB_OFFLINE is set.)"
-    if _env_true('HF_HUB_OFFLINE'): return False
-    if endpoint is None:
-        from huggingface_hub import constants
-        endpoint = constants.ENDPOINT
-    answered = []
-    def probe():
-        try: urllib.request.urlopen(urllib.request.Request(endpoint, method='HEAD'), timeout=timeout); answered.append(True)
-        except urllib.error.HTTPError: answered.append(True)   # an HTTP error status is still an answer
-        except Exception: pass
-    t = threading.Thread(target=probe, daemon=True)   # a thread bounds the DNS lookup too
-    t.start(); t.join(timeout)
-    return bool(answered)
-
 # %% ../../nbs/reproduce/90_profiles.ipynb #f650b0cf
 @dataclass(frozen=True)
 class Source:
@@ -349,12 +329,6 @@ def profile_sources(profile:Profile)->list[Source]:
     for s in [s for n in (names or ['00']) for s in experiment_sources(profile, n)]: out.setdefault((s.kind, s.value), s)
     return list(out.values())
 
-# %% ../../nbs/reproduce/90_profiles.ipynb #a40f244e
-def _file_cached(source:str, cache_dir=None)->bool:
-    from huggingface_hub import try_to_load_from_cache
-    repo, _, file = source.partition(':')
-    return isinstance(try_to_load_from_cache(repo, file or 'model.pt', cache_dir=cache_dir), str)
-
 # %% ../../nbs/reproduce/90_profiles.ipynb #99c3c531
 def _local_there(s:Source)->bool:
     from fusion_nb.pools import local_dataset
@@ -365,7 +339,7 @@ def source_problems(profile:Profile, # the profile about to run
                     reachable:bool=True, # is the hub reachable? (False: hub sources must be in the local caches)
                    )->list[str]:
     "One line per source the profile's experiments read that is not there (a local path, or offline a hub id not cached), or not named."
-    cached = {'model': _model_cached, 'dataset': _dataset_cached, 'file': _file_cached}
+    cached = {'model': model_cached, 'dataset': dataset_cached, 'file': file_cached}
     out = [] if profile.extra.get('llava_finetunes', None) != '' else [
         "llava_finetunes is empty: name the fine-tuned LLaVAs to merge (name=hub-id-or-path …; paper 004 does not publish them)"]
     for s in profile_sources(profile):
@@ -375,24 +349,6 @@ def source_problems(profile:Profile, # the profile about to run
             out.append(f"{s.key} = {s.value}: hub {s.kind}, not in the local cache")
     return out
 
-# %% ../../nbs/reproduce/90_profiles.ipynb #7a13f573
-def _model_cached(source:str, cache_dir=None)->bool:
-    from huggingface_hub import snapshot_download
-    from fusion_nb.checkpoints import hub_revision
-    repo, revision = hub_revision(source)
-    try: d = Path(snapshot_download(repo, revision=revision, local_files_only=True, cache_dir=cache_dir))
-    except Exception: return False
-    return any(d.glob('*.safetensors')) or any(d.glob('*.bin'))
-
-# %% ../../nbs/reproduce/90_profiles.ipynb #182c5c8f
-def _dataset_cached(source:str, cache_dir=None)->bool:
-    from datasets import config
-    from datasets.naming import camelcase_to_snakecase
-    repo, _, cfg = source.partition(':')
-    owner, _, ds = repo.partition('@')[0].rpartition('/')
-    folder = Path(cache_dir or config.HF_DATASETS_CACHE)/'___'.join(filter(None, [owner, camelcase_to_snakecase(ds)]))
-    return any(Path(p).is_dir() for p in glob.glob(str(folder/(glob.escape(cfg) if cfg else '*')/'*'/'*')))
-
 # %% ../../nbs/reproduce/90_profiles.ipynb #cffe8cb7
 def missing_from_cache(profile:Profile, # profile whose hub models, datasets and files to look for
                        hub_cache:str|Path|None=None, # default: huggingface_hub's cache
@@ -400,14 +356,14 @@ def missing_from_cache(profile:Profile, # profile whose hub models, datasets and
                       )->list[str]:
     "The hub models, datasets and files the profile's experiments read (`profile_sources`) that are not in the local caches (empty: it can run offline)."
     hub = [s for s in profile_sources(profile) if not is_local(s.value)]
-    there = {'model': lambda v: _model_cached(v, hub_cache), 'dataset': lambda v: _dataset_cached(v, datasets_cache),
-             'file': lambda v: _file_cached(v, hub_cache)}
+    there = {'model': lambda v: model_cached(v, hub_cache), 'dataset': lambda v: dataset_cached(v, datasets_cache),
+             'file': lambda v: file_cached(v, hub_cache)}
     return ([s.value for s in hub if s.kind == 'model' and not there['model'](s.value)] +
             [f"{k} {s.value}" for k in ('dataset', 'file') for s in hub if s.kind == k and not there[k](s.value)])
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #62f7194e
 def _hub_error(profile:Profile, missing:list[str])->FusionError:
-    why = 'HF_HUB_OFFLINE is set' if _env_true('HF_HUB_OFFLINE') else 'no answer from the hub within a few seconds'
+    why = 'HF_HUB_OFFLINE is set' if env_true('HF_HUB_OFFLINE') else 'no answer from the hub within a few seconds'
     return FusionError(
         f"profile {profile.name!r} needs the Hugging Face Hub, which is not reachable here ({why}), and "
         f"{len(missing)} of its models/datasets (everything its experiments read) are not available:\n  - " + "\n  - ".join(missing)

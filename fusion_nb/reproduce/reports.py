@@ -13,30 +13,12 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from ..core import atomic_write, atomic_write_text, project_root
+from ..evaluation import method_task_table   # records → table is the spine's; the papers' tables use it
 import fusion_nb
 
 # %% auto #0
-__all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'method_task_table', 'to_markdown', 'save_table', 'save_records',
-           'save_figure', 'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'headline_numbers',
-           'write_report']
-
-# %% ../../nbs/reproduce/91_reports.ipynb #614fe7f3
-def method_task_table(records:pd.DataFrame, # tidy records
-                      metric:str='accuracy', # which metric to show
-                      row:str='model', # column naming the rows
-                      tasks:Sequence[str]|None=None, # column order (default: order of appearance)
-                      percent:bool=True, # ×100, as the papers print accuracies
-                      avg:bool=True, # add the `Avg.` column (mean over the row's tasks)
-                     )->pd.DataFrame:
-    "Rows × tasks table of `metric` (rows in order of appearance), with an `Avg.` column."
-    r = records[records['metric'] == metric]
-    rows = list(dict.fromkeys(r[row]))
-    cols = list(tasks) if tasks is not None else list(dict.fromkeys(r['task']))
-    wide = r.pivot_table(index=row, columns='task', values='value', aggfunc='mean').reindex(index=rows, columns=cols)
-    if percent: wide = wide * 100
-    if avg: wide['Avg.'] = wide[cols].mean(axis=1, skipna=True)
-    wide.index.name, wide.columns.name = row, None
-    return wide
+__all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records', 'save_figure',
+           'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'headline_numbers', 'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #d3e31a10
 _CMP = ('reproduced', 'reported', 'difference')
@@ -109,7 +91,7 @@ def load_paper_values(root:str|Path|None=None, # project root (default: the one 
                      )->pd.DataFrame:
     "All transcribed paper values (`<root>/data/paper_values/paper*.csv`), or an empty frame if there are none."
     folder = Path(root or project_root())/'data'/'paper_values'
-    files = sorted(folder.glob('paper*.csv')) if folder.exists() else []   # sota.csv has its own schema (fusion_nb.methods.sota)
+    files = sorted(folder.glob('paper*.csv')) if folder.exists() else []   # sota.csv has its own schema (fusion_nb.reproduce.sota)
     if not files: return pd.DataFrame(columns=PAPER_VALUE_COLUMNS)
     return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
 
