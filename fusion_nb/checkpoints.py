@@ -21,10 +21,10 @@ from .core import FusionError, IncompatibleModelsError, atomic_dir, atomic_write
 from .algebra import materialize, tensor_meta
 
 # %% auto #0
-__all__ = ['VISION_PREFIX', 'POSITION_IDS', 'VISION_MODEL_FILES', 'is_local_source', 'hub_revision', 'env_true', 'hub_offline',
-           'resolve_model_dir', 'LazyStateDict', 'vision_state_dict', 'vision_config', 'check_vision_state_dict',
-           'load_vision_model', 'save_state_dict', 'save_vision_model', 'hub_reachable', 'file_cached', 'model_cached',
-           'dataset_cached']
+__all__ = ['VISION_PREFIX', 'POSITION_IDS', 'VISION_MODEL_FILES', 'is_local_source', 'is_local', 'resolve_source', 'hub_revision',
+           'env_true', 'hub_offline', 'resolve_model_dir', 'LazyStateDict', 'vision_state_dict', 'vision_config',
+           'check_vision_state_dict', 'load_vision_model', 'save_state_dict', 'save_vision_model', 'hub_reachable',
+           'file_cached', 'model_cached', 'dataset_cached']
 
 # %% ../nbs/02_checkpoints.ipynb #f94184a7
 _HUB_PATTERNS = ['*.json', '*.safetensors', '*.txt', '*.model']
@@ -34,6 +34,18 @@ def is_local_source(source:str|Path)->bool:
     "Is `source` a filesystem path (starts with ./, ../, / or ~, or exists) rather than a hub id?"
     s = str(source)
     return isinstance(source, Path) or s.startswith(('./', '../', '/', '~')) or Path(s).exists()
+
+# %% ../nbs/02_checkpoints.ipynb #2ec8e08f
+def is_local(source:str)->bool:
+    "Is a profile value a local path (`./x`, `../x`, `/x`) rather than a hub id?"
+    return str(source).strip().startswith(('./', '../', '/'))
+
+# %% ../nbs/02_checkpoints.ipynb #01e8ce1f
+def resolve_source(value:str, root:Path)->str:
+    "A local path (`./x` → absolute under `root`, `/x` as is) or a hub id, unchanged."
+    value = value.strip()
+    if value.startswith(('./', '../')): return str((Path(root)/value).resolve())
+    return value
 
 # %% ../nbs/02_checkpoints.ipynb #a55c0499
 def hub_revision(source:str)->tuple[str, str|None]:

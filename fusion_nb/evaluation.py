@@ -19,10 +19,12 @@ from transformers import CLIPModel, CLIPVisionModel
 
 from .core import FusionError, HyperparameterError, NonFiniteError, UnknownNameError, get_device
 from .checkpoints import LazyStateDict
+from .catalog import OBJECTNET_TO_IMAGENET
 
 # %% auto #0
 __all__ = ['COMBINE', 'AUTOCAST', 'zeroshot_head', 'task_head', 'ZeroShotClassifier', 'ImageTransform', 'image_loader',
-           'TaskBatches', 'task_batches', 'evaluate_task', 'evaluate', 'method_task_table']
+           'TaskBatches', 'task_batches', 'evaluate_task', 'evaluate', 'method_task_table', 'class_groups',
+           'group_predictions']
 
 # %% ../nbs/06_evaluation.ipynb #c5a99209
 @torch.no_grad()
@@ -301,3 +303,47 @@ def method_task_table(records:pd.DataFrame, # tidy records
     if avg: wide['Avg.'] = wide[cols].mean(axis=1, skipna=True)
     wide.index.name, wide.columns.name = row, None
     return wide
+
+# %% ../nbs/06_evaluation.ipynb #b16ae1d2
+def class_groups(id_class_names:Sequence[str], # the ID task's classes, in label order
+                 class_names:Sequence[str], # a test set's ClassLabel names, in its label order
+                 *,
+                 id_wnids:Sequence[str]|None=None, # the ID classes' WordNet ids (ImageNet: catalog.IMAGENET_WNIDS)
+                 id_aliases:Sequence[Sequence[str]]=(), # other label-ordered names of the ID classes (the ID dataset's own)
+                 groups:dict|None=None, # test class name → the WordNet ids it stands for (default: catalog.OBJECTNET_TO_IMAGENET)
+                )->list[list[int]]:
+    "The ID labels each class of a test set stands for; an error naming the classes that match none, or several."
+    n = len(id_class_names)
+    if id_wnids is not None and len(id_wnids) != n: raise FusionError(f"{len(id_wnids)} WordNet ids for {n} ID classes")
+    if any(len(a) != n for a in id_aliases): raise FusionError(f"ID class aliases must list {n} names each, got {[len(a) for a in id_aliases]}")
+    if any(list(class_names) == list(a) for a in (id_class_names, *id_aliases)):   # the ID label space itself, even where names repeat
+        return [[i] for i in range(n)]
+    keys = {}   # name → the set of ID labels it names
+    for names in (id_class_names, *id_aliases, *([id_wnids, [str(i) for i in range(n)]] if id_wnids is not None else [])):
+        for i, k in enumerate(names): keys.setdefault(k, set()).add(i)
+    wnid_pos = {w: i for i, w in enumerate(id_wnids)} if id_wnids is not None else {}
+    groups = OBJECTNET_TO_IMAGENET if groups is None else groups
+    out, unknown, ambiguous = [], [], []
+    for c in class_names:
+        if wnid_pos and c in groups and all(w in wnid_pos for w in groups[c]): out.append([wnid_pos[w] for w in groups[c]])
+        elif len(keys.get(c, ())) == 1: out.append(list(keys[c]))
+        else: (ambiguous if c in keys else unknown).append(c)
+    if unknown or ambiguous:
+        raise FusionError(f"test set classes not found among the {n} ID classes: {unknown[:5]}{'…' if len(unknown) > 5 else ''}"
+                          + (f"; names shared by several ID classes: {ambiguous[:5]}" if ambiguous else '')
+                          + ("; classes are matched by ID class name" + (", WordNet id, ImageNet label index or ObjectNet folder name" if wnid_pos else '')))
+    return out
+
+# %% ../nbs/06_evaluation.ipynb #3ac5ec47
+def group_predictions(logits:Tensor, # (batch, ID classes)
+                      groups:Sequence[Sequence[int]], # per test class, the ID classes it stands for (class_groups)
+                     )->Tensor:
+    "(batch,) test-set labels: the test class owning the arg-max over every ID class the test set covers."
+    owner = torch.full((logits.shape[-1],), -1, dtype=torch.long, device=logits.device)
+    for g, ids in enumerate(groups):
+        ids = torch.as_tensor(list(ids), dtype=torch.long, device=logits.device)
+        if not len(ids) or int(ids.min()) < 0 or int(ids.max()) >= len(owner) or (owner[ids] >= 0).any() or len(set(ids.tolist())) < len(ids):
+            raise FusionError(f"class group {g} ({ids.tolist()[:5]}): expected distinct ID classes in 0..{len(owner) - 1}, each in one group")
+        owner[ids] = g
+    covered = (owner >= 0).nonzero().squeeze(1)
+    return owner[covered[logits[:, covered].argmax(-1)]]

@@ -7,6 +7,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/pools.html.md"""
 # %% ../nbs/05_pools.ipynb #e55e1d0a
 from __future__ import annotations
 import json
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
@@ -22,8 +23,9 @@ from .checkpoints import (LazyStateDict, hub_revision, is_local_source, load_vis
 from .catalog import CATALOG, class_names_for, templates_for
 
 # %% auto #0
-__all__ = ['PRETRAINED', 'check_schema', 'published_schema', 'local_dataset', 'is_saved_dataset', 'hub_layout_files',
-           'load_split', 'dataset_problems', 'Task', 'TaskPool', 'ModelPool']
+__all__ = ['PRETRAINED', 'PAPER003_SOURCES', 'PAPER002_SOURCES', 'check_schema', 'published_schema', 'local_dataset',
+           'is_saved_dataset', 'hub_layout_files', 'load_split', 'dataset_problems', 'Task', 'TaskPool', 'ModelPool',
+           'ShiftSource', 'save_image_folders', 'missing_sources', 'check_sources', 'FileSource']
 
 # %% ../nbs/05_pools.ipynb #e8713e55
 def check_schema(ds:Dataset, # one split of a task dataset
@@ -310,3 +312,133 @@ class ModelPool:
             raise FusionError(f"vision_model expects a pool name or a state dict, got {type(which).__name__}")
         return load_vision_model(which, config=self.config, device=self.device, dtype=self.dtype,
                                  name=getattr(which, 'name', None))
+
+# %% ../nbs/05_pools.ipynb #50cac713
+@dataclass(frozen=True)
+class ShiftSource:
+    "Where one of paper 003's test sets comes from, and how a user provides it as a local folder."
+    task:str          # the profile's task name
+    hub_id:str|None   # hub dataset id the paper profiles use (None: a local folder the user saves)
+    gated:bool        # the hub copy needs accepted terms and a token
+    split:str         # the split evaluated (fine-tuning uses ImageNet's `train`)
+    folders:str       # the image folders a local copy is made from
+    options:str = ''  # save_image_folders' keywords for this set
+
+    def how_to_save(self)->str:
+        "How to write the local folder the profile's `dataset.<task>` can point at."
+        return (f"from {self.folders}, run `fusion_nb.pools.save_image_folders(<that folder>, path, "
+                f"'{self.split}'{self.options})` and set dataset.{self.task} = path")
+
+PAPER003_SOURCES:dict[str, ShiftSource] = {s.task: s for s in [
+    ShiftSource('imagenet', 'ILSVRC/imagenet-1k', True, 'validation', "ILSVRC-2012's train/ and val/ folders (one folder per WordNet id, n01440764 …; "
+                "give both: `{'train': <train/>, 'validation': <val/>}` as the first argument)"),
+    ShiftSource('imagenet_v2', None, False, 'test', "imagenetv2-matched-frequency-format-val/ (folders 0 … 999: ImageNet label indices) "
+                "from the archives of github.com/modestyachts/ImageNetV2"),
+    ShiftSource('imagenet_r', 'axiong/imagenet-r', False, 'test', "imagenet-r/ (200 folders named by WordNet id)"),
+    ShiftSource('imagenet_sketch', 'songweig/imagenet_sketch', False, 'train', "sketch/ (1000 folders named by WordNet id)"),
+    ShiftSource('objectnet', None, False, 'test', "objectnet-1.0/images/ (keeping the 113 folders catalog.OBJECTNET_TO_IMAGENET lists, "
+                "each image cropped by 2 pixels per side: its red border, paper 003 appendix B)", ', keep=OBJECTNET_TO_IMAGENET, crop=2'),
+    ShiftSource('imagenet_a', 'axiong/imagenet-a', False, 'test', "imagenet-a/ (200 folders named by WordNet id)"),
+]}
+
+# %% ../nbs/05_pools.ipynb #7f8b7753
+def _image_folder_split(src, keep, crop):
+    "One split from a folder of class folders: the kept classes only, relabelled, images cropped."
+    from datasets import ClassLabel, load_dataset
+    if not Path(src).is_dir(): raise FusionError(f"save_image_folders: {src} is not a folder of class folders")
+    ds = load_dataset('imagefolder', data_dir=str(src), split='train')
+    names = ds.features['label'].names
+    kept = [n for n in names if keep is None or n in keep]
+    absent = sorted(set(keep or ()) - set(names))
+    if absent: raise FusionError(f"save_image_folders: {len(absent)} class folder(s) to keep are not in {src}: {absent[:5]}")
+    new = {names.index(n): i for i, n in enumerate(kept)}
+    def relabel(e):
+        im = e['image']
+        if crop: im = im.crop((crop, crop, im.width - crop, im.height - crop))
+        return {'image': im, 'label': new[e['label']]}
+    return ds.filter(lambda y: y in new, input_columns='label').map(relabel).cast_column('label', ClassLabel(names=kept))
+
+# %% ../nbs/05_pools.ipynb #136961ae
+def save_image_folders(src:str|Path|dict, # a folder of class folders (ObjectNet's images/, ImageNet-V2's 0 … 999, …), or split → folder
+                       out:str|Path, # where to save the DatasetDict (a profile's dataset.<task>)
+                       split:str='test', # the split name the profile evaluates (when `src` is one folder)
+                       *,
+                       keep:Sequence[str]|None=None, # only these class folders (e.g. OBJECTNET_TO_IMAGENET's 113); all when None
+                       crop:int=0, # pixels cropped from every side of each image (ObjectNet: 2, its red border)
+                      )->Path:
+    "Save the images of class folders as DatasetDict splits whose ClassLabel names are the kept folder names."
+    from datasets import DatasetDict
+    if crop < 0: raise FusionError(f"save_image_folders: crop must be ≥ 0 pixels, got {crop}")
+    srcs = dict(src) if isinstance(src, dict) else {split: src}
+    dd = DatasetDict({s: _image_folder_split(d, keep, crop) for s, d in srcs.items()})
+    if len({tuple(d.features['label'].names) for d in dd.values()}) > 1: raise FusionError(f"save_image_folders: the splits' class folders differ ({', '.join(srcs)})")
+    dd.save_to_disk(str(out))
+    return Path(out)
+
+# %% ../nbs/05_pools.ipynb #1d573d2e
+def _hub_problem(task:str, src:str, reachable:bool, cached:set[str], catalog:dict=PAPER003_SOURCES)->str|None:
+    "Why hub dataset `src` cannot be read, or None (`catalog` says whether it is gated)."
+    info = catalog.get(task)
+    gated = f" It is gated: accept its terms on https://huggingface.co/datasets/{hub_revision(src.partition(':')[0])[0]}, then `hf auth login`." if info and info.gated else ''
+    if not reachable:
+        return None if f'dataset {src}' not in cached else f"{task}: hub dataset {src!r} is not in the local cache and the hub is not reachable.{gated}"
+    if not gated: return None
+    from huggingface_hub import auth_check
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    try: auth_check(hub_revision(src.partition(':')[0])[0], repo_type='dataset')
+    except GatedRepoError: return f"{task}: your token has no access to the gated {src!r}.{gated}"
+    except RepositoryNotFoundError: return f"{task}: hub dataset {src!r} does not exist (or needs a token).{gated}"
+    return None
+
+# %% ../nbs/05_pools.ipynb #1e4b6e2c
+def missing_sources(profile, # a fusion_nb.reproduce.profiles.Profile with dataset.<task> for the tasks read
+                    tasks:Sequence[str], # the tasks about to be read
+                    catalog:dict=PAPER003_SOURCES, # task → where it comes from and how to save it (PAPER003_SOURCES, PAPER002_SOURCES)
+                    *, hub_reachable:bool|None=None, # default: ask the hub, only if some task is on it
+                   )->list[str]:
+    "One line per dataset of `tasks` that `profile` cannot read, saying how to provide it (empty: all readable)."
+    from fusion_nb.checkpoints import dataset_cached, hub_reachable as _reachable
+    from fusion_nb.pools import local_dataset
+    hub_tasks = [t for t in tasks if t in profile.datasets and not is_local_source(profile.datasets[t])]
+    reachable = (_reachable() if hub_tasks else True) if hub_reachable is None else hub_reachable
+    cached_missing = {f'dataset {profile.datasets[t]}' for t in hub_tasks if not reachable and not dataset_cached(profile.datasets[t])}
+    problems = []
+    for t in tasks:
+        src, info = profile.datasets.get(t), catalog.get(t)
+        how = info.how_to_save() if info else ("save it with DatasetDict.save_to_disk (columns image, ClassLabel label), or download it in "
+                                               "the hub's layout (`hf download --repo-type dataset <id> --local-dir <folder>`)")
+        if src is None: problems.append(f"{t}: the profile has no dataset.{t}: {how}.")
+        elif is_local_source(src):
+            if not local_dataset(src)[0].exists(): problems.append(f"{t}: no dataset folder at {src}: {how}.")
+        elif (p := _hub_problem(t, src, reachable, cached_missing, catalog)): problems.append(f"{p} Or {how}.")
+    return problems
+
+# %% ../nbs/05_pools.ipynb #6ba342cb
+def check_sources(profile, # a fusion_nb.reproduce.profiles.Profile
+                  tasks:Sequence[str], # the tasks about to be read
+                  *, hub_reachable:bool|None=None, # default: ask the hub (fusion_nb.reproduce.profiles.hub_reachable)
+                 )->None:
+    "Raise one FusionError naming every dataset of `tasks` that a hub profile cannot read, and how to provide it."
+    if not profile.hub: return   # tiny / micro: prepare() builds the data
+    if problems := missing_sources(profile, tasks, hub_reachable=hub_reachable):
+        raise FusionError(f"profile {profile.name!r}: paper 003's datasets are not all readable (the hub ids are unverified, "
+                          "written without hub access):\n  - " + "\n  - ".join(problems))
+
+# %% ../nbs/05_pools.ipynb #cdc16ecf
+@dataclass(frozen=True)
+class FileSource(ShiftSource):
+    "A paper-002 set the profile points at as it is (the files it is distributed as, or a saved DatasetDict): no conversion step."
+    def how_to_save(self)->str:
+        return f"download {self.folders} and set dataset.{self.task} to it"
+
+PAPER002_SOURCES:dict[str, ShiftSource] = {
+    'cifar10': FileSource('cifar10', 'uoft-cs/cifar10', False, 'test', "a copy of uoft-cs/cifar10 saved with DatasetDict.save_to_disk "
+                          "(a `test` split; columns img or image, and a ClassLabel label with the ten names in CIFAR-10's order)"),
+    **{t: PAPER003_SOURCES[t] for t in ('imagenet', 'imagenet_v2', 'imagenet_a', 'imagenet_r', 'imagenet_sketch')},
+    'imagenet_real': FileSource('imagenet_real', None, False, 'validation', "real.json of github.com/google-research/reassessed-imagenet "
+                                "(the file itself; its images are dataset.imagenet's validation split)"),
+    'imagenet_c': FileSource('imagenet_c', None, False, 'test', "ImageNet-C's noise/blur/weather/digital tar files (zenodo.org/record/2235448), "
+                             "extracted into one folder of <corruption>/<severity>/<wnid>/ image folders"),
+    'conflict_stimuli': FileSource('conflict_stimuli', None, False, 'test', "stimuli/style-transfer-preprocessed-512/ of "
+                                   "github.com/rgeirhos/texture-vs-shape (16 folders named by category, 1,280 PNG files)"),
+}

@@ -19,7 +19,7 @@ ALLOWED = {   # (importer, imported): why it stands until the house issue moves 
     ('fusion_nb.robust.paper_data', 'fusion_nb.masking.imagenet_data'): 'ImageNet sources shared by papers 002 and 003 (issue 23: into the spine)',
     ('fusion_nb.robust.paper_data', 'fusion_nb.masking.counterfactual_ft'): 'class grouping shared by papers 002 and 003 (issue 23: into the spine)',
     ('fusion_nb.llava.uq_merge', 'fusion_nb.reproduce.hf_merge'): "merge_llava writes through the streaming writer (issue 23: writer into checkpoints)",
-    ('fusion_nb.tiny.second_backbone', 'fusion_nb.reproduce.profiles'): "Table s6's backbone reads a profile (issue 23: into paper 001's package)",
+    ('fusion_nb.neulig.second_backbone', 'fusion_nb.reproduce.profiles'): "Table s6's backbone reads a profile (issue 23: into paper 001's package)",
 }
 CYCLES = {   # pairs of modules that reach each other (mostly through imports inside functions); the list may only shrink
     ('fusion_nb.reproduce.merge_config', 'fusion_nb.reproduce.runner'): 'fingerprints (issue 23: their own module, the CLI into reproduce/cli)',
@@ -33,8 +33,8 @@ CYCLES = {   # pairs of modules that reach each other (mostly through imports in
     ('fusion_nb.masking.imagenet_data', 'fusion_nb.reproduce.profiles'): 'hub helpers and the offline check (issue 23)',
     ('fusion_nb.masking.imagenet_data', 'fusion_nb.robust.paper_data'): 'through profiles',
     ('fusion_nb.llava.benchmarks', 'fusion_nb.reproduce.profiles'): 'hub helpers and the offline check (issue 23)',
-    ('fusion_nb.reproduce.profiles', 'fusion_nb.tiny.second_backbone'): "Table s6's backbone (issue 23: into paper 001's package)",
-    ('fusion_nb.reproduce.runner', 'fusion_nb.tiny.second_backbone'): "Table s6's backbone (issue 23: into paper 001's package)",
+    ('fusion_nb.reproduce.profiles', 'fusion_nb.neulig.second_backbone'): "Table s6's backbone (issue 23: into paper 001's package)",
+    ('fusion_nb.reproduce.runner', 'fusion_nb.neulig.second_backbone'): "Table s6's backbone (issue 23: into paper 001's package)",
 }
 
 def modules():

@@ -245,7 +245,7 @@ def test_paper_003_profiles_parse_and_fail_at_once_offline(tmp_path, name, model
     assert f"profile {name!r} needs the Hugging Face Hub" in r.stderr and model in r.stderr and 'ILSVRC/imagenet-1k' in r.stderr
     if not Path(p.datasets['objectnet']).exists():
         # the folders no hub gives: the message says how to write them (as the notebooks' check_sources does)
-        assert 'dataset.objectnet = ' in r.stderr and 'fusion_nb.masking.imagenet_data.save_image_folders' in r.stderr, r.stderr
+        assert 'dataset.objectnet = ' in r.stderr and 'fusion_nb.pools.save_image_folders' in r.stderr, r.stderr
     # at once: no experiment started, nothing written (a time limit would be a timed test, and flaky under load)
     assert 'running' not in r.stdout and sorted((Path(__file__).parents[1]/'outputs'/name).rglob('*')) == before
 

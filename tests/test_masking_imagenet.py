@@ -200,7 +200,7 @@ def test_with_hub_access_a_gated_set_without_accepted_terms_is_named(monkeypatch
     "With the hub reachable, only the gated ImageNet-1k is asked about (huggingface_hub.auth_check); refused, the message says what to do."
     import huggingface_hub, requests
     from huggingface_hub.errors import GatedRepoError
-    from fusion_nb.masking.imagenet_data import check_sources
+    from fusion_nb.pools import check_sources
     from fusion_nb.reproduce.profiles import load_profile
     asked = []
     def refuse(repo_id, repo_type=None, **kw):

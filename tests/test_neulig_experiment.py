@@ -149,7 +149,7 @@ def test_findings_are_read_from_the_tables(run, table):
 
 def test_table_s6_is_the_five_task_table_of_each_backbone(run):
     "Table s6 per backbone: the second backbone's rows are its own models' (pre-trained, experts, task arithmetic of its experts)."
-    from fusion_nb.tiny.second_backbone import backbone_accuracy, backbone_profile, profile_backbones
+    from fusion_nb.neulig.second_backbone import backbone_accuracy, backbone_profile, profile_backbones
     five = NEULIG_TASKS[:5]
     P = load_profile('micro', tasks=five)
     names = profile_backbones(P)

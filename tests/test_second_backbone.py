@@ -16,7 +16,7 @@ from fusion_nb.merge import merge
 from fusion_nb.pools import PRETRAINED, ModelPool, TaskPool, load_split
 from fusion_nb.reproduce.profiles import load_profile
 from fusion_nb.tiny.build import build_benchmark
-from fusion_nb.tiny.second_backbone import (SECOND_BACKBONE, backbone_accuracy, backbone_models, backbone_profile,
+from fusion_nb.neulig.second_backbone import (SECOND_BACKBONE, backbone_accuracy, backbone_models, backbone_profile,
                                             build_second_backbone, profile_backbones, second_backbone_dir)
 from fusion_nb.tiny.tasks import NEULIG_TASKS
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 
 from ..core import FusionError, UnknownNameError, get_device, get_dtype, project_root
-from ..checkpoints import dataset_cached, env_true, file_cached, hub_reachable, model_cached
+from ..checkpoints import dataset_cached, env_true, file_cached, hub_reachable, is_local, model_cached, resolve_source
 
 # %% auto #0
 __all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'PAPER_KEYS', 'SCRATCH', 'SWEEPS', 'BUDGET_RANGES',
-           'Profile', 'is_local', 'resolve_source', 'settings_path', 'list_profiles', 'declared_parameters',
-           'check_keys', 'check_budgets', 'load_profile', 'Source', 'experiment_sources', 'profile_sources',
-           'source_problems', 'missing_from_cache', 'prepare', 'resolved_revisions']
+           'Profile', 'settings_path', 'list_profiles', 'declared_parameters', 'check_keys', 'check_budgets',
+           'load_profile', 'Source', 'experiment_sources', 'profile_sources', 'source_problems', 'missing_from_cache',
+           'prepare', 'resolved_revisions']
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #fc87d834
 @dataclass
@@ -78,24 +78,13 @@ AUTOCAST = ('none', 'bfloat16', 'float16')
 BUDGET_KEYS = {'fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_batch_size', 'adamerging_steps', 'adamerging_lr',
                'concrete_ta_steps', 'concrete_lw_steps', 'concrete_lr', 'wemoe_steps', 'wemoe_lr',
                'neulig_steps', 'neulig_lr', 'neulig_batch_size', 'wudi_steps', 'wudi_lr'}
-# a second backbone of another architecture (paper 001, Table s6), read by fusion_nb.tiny.second_backbone
+# a second backbone of another architecture (paper 001, Table s6), read by fusion_nb.neulig.second_backbone
 BACKBONE_KEYS = {'second_pretrained', 'second_expert_template'}
 # which paper model a profile's tables are compared with (fusion_nb.reproduce.reports.paper_model; default: the profile's name)
 PAPER_KEYS = {'paper_model'}
 SCRATCH = 'scratch'  # outputs/scratch/: notebooks run outside the runner write there; no profile may take the name
 SWEEPS = 'sweeps'    # outputs/sweeps/<profile>/<experiment>/: the points of `fusion-nb sweep`; no profile may take the name
 _TRUE, _FALSE = ('1', 'true', 'yes', 'on'), ('0', 'false', 'no', 'off', '')
-
-def is_local(source:str)->bool:
-    "Is a profile value a local path (`./x`, `../x`, `/x`) rather than a hub id?"
-    return str(source).strip().startswith(('./', '../', '/'))
-
-# %% ../../nbs/reproduce/90_profiles.ipynb #01e8ce1f
-def resolve_source(value:str, root:Path)->str:
-    "A local path (`./x` → absolute under `root`, `/x` as is) or a hub id, unchanged."
-    value = value.strip()
-    if value.startswith(('./', '../')): return str((Path(root)/value).resolve())
-    return value
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #47beb55b
 def settings_path(settings:str|Path|None=None)->Path:
@@ -254,7 +243,7 @@ _DATASET_HOW = ("give a DatasetDict saved with `save_to_disk`, or a download in 
 
 def _dataset_source(task:str, value:str, experiment:str='')->Source:
     "The source of task `task`'s dataset, with the way its catalog (papers 002, 003) says to provide it."
-    from fusion_nb.masking.imagenet_data import FileSource, PAPER002_SOURCES, PAPER003_SOURCES
+    from fusion_nb.pools import FileSource, PAPER002_SOURCES, PAPER003_SOURCES
     cat = PAPER002_SOURCES if experiment[:1] == '2' else PAPER003_SOURCES
     info = cat.get(task)
     kind = 'file' if isinstance(info, FileSource) and task != 'cifar10' else 'dataset'

@@ -210,7 +210,7 @@ def hash_cache(profile:Profile)->Path:
 # %% ../../nbs/reproduce/92_runner.ipynb #fbace80e
 def second_backbone_sources(profile:Profile)->list[str]:
     "The second backbone's pretrained model and experts (paper 001's Table s6), when the profile names one."
-    from fusion_nb.tiny.second_backbone import backbone_profile, profile_backbones   # the one reader of its profile keys
+    from fusion_nb.neulig.second_backbone import backbone_profile, profile_backbones   # the one reader of its profile keys
     if len(profile_backbones(profile)) < 2: return []
     second = backbone_profile(profile, 1, build=False)
     return [second.pretrained, *second.experts.values()]

@@ -19,8 +19,8 @@ from PIL import Image
 from ..catalog import IMAGENET_WNIDS
 from ..checkpoints import is_local_source
 from ..core import FusionError, UnknownNameError, check_range
-from ..masking.counterfactual_ft import class_groups, group_predictions
-from ..masking.imagenet_data import PAPER002_SOURCES, missing_sources
+from ..evaluation import class_groups, group_predictions
+from ..pools import PAPER002_SOURCES, missing_sources
 from ..pools import check_schema
 
 # %% auto #0
