@@ -35,7 +35,7 @@ def is_local_source(source:str|Path)->bool:
     s = str(source)
     return isinstance(source, Path) or s.startswith(('./', '../', '/', '~')) or Path(s).exists()
 
-# %% ../nbs/02_checkpoints.ipynb #2ec8e08f
+# %% ../nbs/02_checkpoints.ipynb #a2eae3e7
 def is_local(source:str)->bool:
     "Is a profile value a local path (`./x`, `../x`, `/x`) rather than a hub id?"
     return str(source).strip().startswith(('./', '../', '/'))

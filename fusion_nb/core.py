@@ -16,8 +16,8 @@ import torch
 # %% auto #0
 __all__ = ['PROGRESS_MODES', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError',
            'HyperparameterError', 'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype',
-           'current_umask', 'remove_stale_temps', 'atomic_write', 'atomic_write_text', 'atomic_dir', 'file_hashes',
-           'cached_builds', 'progress_mode', 'heartbeat', 'project_root']
+           'current_umask', 'honour_umask', 'remove_stale_temps', 'atomic_write', 'atomic_write_text', 'atomic_dir',
+           'file_hashes', 'cached_builds', 'progress_mode', 'heartbeat', 'project_root']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -129,6 +129,13 @@ def current_umask()->int:
     with _UMASK_LOCK:
         m = os.umask(0o022); os.umask(m)
     return m
+
+# %% ../nbs/00_core.ipynb #18dddbd8
+def honour_umask(folder:Path)->None:
+    "Give every file under `folder` the mode a plain `open` gives under the umask (safetensors and transformers write 0600)."
+    mode = 0o666 & ~current_umask()
+    for f in folder.rglob('*'):
+        if f.is_file(): os.chmod(f, mode)
 
 # %% ../nbs/00_core.ipynb #54860914
 _TEMP = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[a-z0-9_]+\.tmp$')  # `.<name>.<pid>.<random or old>.tmp`

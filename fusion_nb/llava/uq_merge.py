@@ -16,8 +16,7 @@ import torch
 
 from ..core import FusionError, HyperparameterError, atomic_dir, atomic_write_text
 from ..checkpoints import LazyStateDict
-from ..methods.registry import check_models, check_pool
-from ..reproduce.hf_merge import write_merged
+from ..methods.registry import check_models, check_pool, write_merged
 from ..merge import MERGE_METHODS, merge
 from .model import check_same_llava, llava_dir, llava_state_dict, load_llava
 from .uncertainty import (ATTENTION_DROPOUT, DEFAULT_J, PERTURBATIONS, OptionItem, check_perturbations,

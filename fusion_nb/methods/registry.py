@@ -6,7 +6,8 @@ Docs: https://fusion-nb.github.io/fusion_nb/methods/registry.html.md"""
 
 # %% ../../nbs/methods/20_registry.ipynb #ad9a356d
 from __future__ import annotations
-import difflib, hashlib, inspect, math, numbers, sys
+import difflib, hashlib, inspect, json, math, numbers, sys
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
@@ -18,14 +19,15 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, Registry, check_range, get_device
+from ..core import (HyperparameterError, IncompatibleModelsError, NonFiniteError, Registry, atomic_write_text, check_range,
+                            get_device, honour_umask)
 from ..algebra import assert_finite, check_compatible, tensor_meta
 
 # %% auto #0
 __all__ = ['MERGE_METHODS', 'TOY_SHAPES', 'NO_DEFAULT', 'RULE_RUNTIME', 'FUSE_RUNTIME', 'KINDS', 'MergedStateDict',
            'as_state_dict', 'check_pool', 'tensor_dtype', 'compute_dtype', 'all_finite', 'read_tensor', 'check_models',
-           'merge_streaming', 'toy_pool', 'flat_vector', 'tensor_generator', 'check_choice', 'expert_weights',
-           'check_interval', 'Hyper', 'signature_hypers', 'MergeMethod', 'declare', 'OutputWeights']
+           'merge_streaming', 'toy_pool', 'flat_vector', 'write_merged', 'tensor_generator', 'check_choice',
+           'expert_weights', 'check_interval', 'Hyper', 'signature_hypers', 'MergeMethod', 'declare', 'OutputWeights']
 
 # %% ../../nbs/methods/20_registry.ipynb #e89fed89
 MERGE_METHODS = Registry('merge method')
@@ -182,6 +184,43 @@ def flat_vector(sd:Mapping, # a state dict
     "Every floating-point tensor of `sd`, flattened and concatenated in key order, in float64: the naive reference the method tests compare with."
     return torch.cat([v.detach().double().flatten() for v in sd.values() if v.is_floating_point()])
 
+
+# %% ../../nbs/methods/20_registry.ipynb #45f624a3
+class _Shard(dict):
+    "The tensors of one shard, cast to the output dtype as they come, checked finite, counted on the progress bar."
+    def __init__(self, dtypes:Mapping, bar): super().__init__(); self.dtypes, self.bar = dtypes, bar
+    def __setitem__(self, key, t):
+        t = t.to(self.dtypes[key]).contiguous()
+        if t.is_floating_point() and not all_finite(t):
+            raise NonFiniteError(f"tensor {key!r} is not finite in {self.dtypes[key]} (it overflows the output dtype, or the merge "
+                                 "made NaN/Inf): choose a wider out_dtype (float32, bfloat16) or smaller weights")
+        super().__setitem__(key, t); self.bar.update(t.numel() * t.element_size()); self.bar.set_postfix_str(key[-40:], refresh=False)
+
+# %% ../../nbs/methods/20_registry.ipynb #d9ac9e65
+def write_merged(pretrained:Mapping|None, # θ₀ (aligned), or None
+                 experts:Mapping[str, Mapping], # name → aligned model
+                 merge_tensor:Callable, # the rule's (key, θ₀, {name: θᵢ}) → merged tensor
+                 ref:Mapping, # the model whose keys, shapes and dtypes the output takes (a LazyStateDict or an aligned model)
+                 out_dir:Path, # an empty folder (atomic_dir's temporary)
+                 out_dtype:torch.dtype|None=None, # dtype of the floating tensors written (None: ref's)
+                 max_shard_size:int|str='5GB',
+                 device=None, progress:bool=True,
+                )->dict:
+    "Merge shard by shard into `out_dir`: model.safetensors, or model-0000i-of-0000n.safetensors and the index; return the index."
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+    dtypes = {k: (out_dtype if out_dtype is not None and ref.dtype(k).is_floating_point else ref.dtype(k)) for k in ref}
+    plan = split_torch_state_dict_into_shards({k: torch.empty(ref.shape(k), dtype=dtypes[k], device='meta') for k in ref},
+                                              max_shard_size=max_shard_size)
+    with tqdm(total=plan.metadata['total_size'], unit='B', unit_scale=True, desc='merging', disable=not progress) as bar:
+        for fname, keys in plan.filename_to_tensors.items():
+            shard = merge_streaming(pretrained, experts, merge_tensor, keys=keys, check=False, progress=False,
+                                    out=_Shard(dtypes, bar), device=device)
+            save_file(dict(shard), out_dir/fname, metadata={'format': 'pt'}); del shard
+    honour_umask(out_dir)   # safetensors writes 0600
+    index = {'metadata': plan.metadata, 'weight_map': plan.tensor_to_filename}
+    if plan.is_sharded: atomic_write_text(out_dir/'model.safetensors.index.json', json.dumps(index, indent=2, sort_keys=True))
+    return index
 
 # %% ../../nbs/methods/20_registry.ipynb #d5e31d87
 def tensor_generator(seed:int, # the user's seed

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from ..core import FusionError, NonFiniteError, atomic_dir, atomic_write_text, get_dtype
+from ..core import FusionError, NonFiniteError, atomic_dir, atomic_write_text, get_dtype, honour_umask
 from ..checkpoints import (check_vision_state_dict, hub_offline, hub_reachable, is_local_source, resolve_model_dir,
                                    save_vision_model, vision_config)
 from ..methods.registry import MERGE_METHODS, MergeMethod, all_finite
@@ -23,8 +23,7 @@ import fusion_nb
 
 # %% auto #0
 __all__ = ['EXPORT_KINDS', 'PIPELINE_TAGS', 'CLASS_NOTES', 'merged_weights', 'card_data', 'card_page', 'model_card',
-           'check_finite_after_cast', 'check_export_dir', 'honour_umask', 'export_model', 'check_repo_id', 'check_push',
-           'push_to_hub']
+           'check_finite_after_cast', 'check_export_dir', 'export_model', 'check_repo_id', 'check_push', 'push_to_hub']
 
 # %% ../../nbs/reproduce/93_export.ipynb #33a6b446
 EXPORT_KINDS = {'vision': 'CLIPVisionModel', 'clip': 'CLIPModel'}  # kind → the transformers class of the folder
@@ -182,14 +181,6 @@ def _run_inputs(inputs, # None, a dict, or a run's inputs.json
     if isinstance(inputs, Mapping): return dict(inputs)
     if not Path(inputs).is_file(): raise FusionError(f"inputs {str(inputs)!r} is not a file: give the run's inputs.json or a dict")
     return json.loads(Path(inputs).read_text())
-
-# %% ../../nbs/reproduce/93_export.ipynb #18dddbd8
-def honour_umask(folder:Path)->None:
-    "Give every file under `folder` the mode a plain `open` gives under the umask (safetensors and transformers write 0600)."
-    from fusion_nb.core import current_umask
-    mode = 0o666 & ~current_umask()
-    for f in folder.rglob('*'):
-        if f.is_file(): os.chmod(f, mode)
 
 # %% ../../nbs/reproduce/93_export.ipynb #1d064007
 def _write_model(weights:Mapping, tmp:Path, src_dir:Path, kind:str, dtype, extra_files:Mapping|None)->None:

@@ -18,8 +18,7 @@ from tqdm.auto import tqdm
 from ..core import (FusionError, HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_dir,
                             atomic_write_text, get_device, get_dtype)
 from ..checkpoints import LazyStateDict, resolve_model_dir
-from .export import honour_umask
-from ..methods.registry import MergeMethod, all_finite, merge_streaming
+from ..methods.registry import MergeMethod, all_finite, merge_streaming, write_merged
 from ..merge import MERGE_METHODS
 from ..methods.breadcrumbs import gta_rule, magnitude_outliers
 from ..methods.linear_sparse import dare_sparsify, magprune_sparsify
@@ -27,9 +26,9 @@ import fusion_nb
 
 # %% auto #0
 __all__ = ['MERGEKIT_METHODS', 'GTA_DEFAULTS', 'MERGEKIT_LACKS', 'MERGEKIT_KEYS', 'MERGEKIT_RULES', 'HF_OUTPUT_DEFAULTS',
-           'layer_positions', 'setting_value', 'AlignedModel', 'align_models', 'write_merged', 'HFMergePlan',
-           'load_mergekit_config', 'hf_dtype', 'hf_device', 'hf_output', 'copy_model_files', 'open_models',
-           'check_values', 'run_hf_merge', 'hf_model_card']
+           'layer_positions', 'setting_value', 'AlignedModel', 'align_models', 'HFMergePlan', 'load_mergekit_config',
+           'hf_dtype', 'hf_device', 'hf_output', 'copy_model_files', 'open_models', 'check_values', 'run_hf_merge',
+           'hf_model_card']
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #734615cf
 MERGEKIT_METHODS = {n: n for n in ('linear', 'task_arithmetic', 'slerp', 'model_stock', 'ties', 'dare_ties', 'della', 'dare_linear', 'della_linear',
@@ -125,43 +124,6 @@ def align_models(base:LazyStateDict, # the model whose keys and shapes the outpu
                                           "not the same architecture")
         out[n] = m
     return out
-
-# %% ../../nbs/reproduce/95_hf_merge.ipynb #45f624a3
-class _Shard(dict):
-    "The tensors of one shard, cast to the output dtype as they come, checked finite, counted on the progress bar."
-    def __init__(self, dtypes:Mapping, bar): super().__init__(); self.dtypes, self.bar = dtypes, bar
-    def __setitem__(self, key, t):
-        t = t.to(self.dtypes[key]).contiguous()
-        if t.is_floating_point() and not all_finite(t):
-            raise NonFiniteError(f"tensor {key!r} is not finite in {self.dtypes[key]} (it overflows the output dtype, or the merge "
-                                 "made NaN/Inf): choose a wider out_dtype (float32, bfloat16) or smaller weights")
-        super().__setitem__(key, t); self.bar.update(t.numel() * t.element_size()); self.bar.set_postfix_str(key[-40:], refresh=False)
-
-# %% ../../nbs/reproduce/95_hf_merge.ipynb #d9ac9e65
-def write_merged(pretrained:Mapping|None, # θ₀ (aligned), or None
-                 experts:Mapping[str, Mapping], # name → aligned model
-                 merge_tensor:Callable, # the rule's (key, θ₀, {name: θᵢ}) → merged tensor
-                 ref:LazyStateDict, # the model whose keys, shapes and dtypes the output takes
-                 out_dir:Path, # an empty folder (atomic_dir's temporary)
-                 out_dtype:torch.dtype|None=None, # dtype of the floating tensors written (None: ref's)
-                 max_shard_size:int|str='5GB',
-                 device=None, progress:bool=True,
-                )->dict:
-    "Merge shard by shard into `out_dir`: model.safetensors, or model-0000i-of-0000n.safetensors and the index; return the index."
-    from huggingface_hub import split_torch_state_dict_into_shards
-    from safetensors.torch import save_file
-    dtypes = {k: (out_dtype if out_dtype is not None and ref.dtype(k).is_floating_point else ref.dtype(k)) for k in ref}
-    plan = split_torch_state_dict_into_shards({k: torch.empty(ref.shape(k), dtype=dtypes[k], device='meta') for k in ref},
-                                              max_shard_size=max_shard_size)
-    with tqdm(total=plan.metadata['total_size'], unit='B', unit_scale=True, desc='merging', disable=not progress) as bar:
-        for fname, keys in plan.filename_to_tensors.items():
-            shard = merge_streaming(pretrained, experts, merge_tensor, keys=keys, check=False, progress=False,
-                                    out=_Shard(dtypes, bar), device=device)
-            save_file(dict(shard), out_dir/fname, metadata={'format': 'pt'}); del shard
-    honour_umask(out_dir)   # safetensors writes 0600
-    index = {'metadata': plan.metadata, 'weight_map': plan.tensor_to_filename}
-    if plan.is_sharded: atomic_write_text(out_dir/'model.safetensors.index.json', json.dumps(index, indent=2, sort_keys=True))
-    return index
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #4ceed280
 @dataclass
