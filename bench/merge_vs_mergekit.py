@@ -109,7 +109,7 @@ def main(argv=None):
         if not (d/'ft3'/'config.json').exists(): build(d, a.size)
         mk = a.mergekit if Path(a.mergekit).exists() else None
         if mk is None: print(f"mergekit not found at {a.mergekit}: only fusion_nb runs", flush=True)
-        fnb = [sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; sys.exit(main(sys.argv[1:]))']  # `fusion-nb`
+        fnb = [sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; sys.exit(main(sys.argv[1:]))']  # `fusion-nb`
         rows = []
         for name, cfg in configs(d).items():
             if a.only and name not in a.only: continue

@@ -24,7 +24,7 @@ def fresh_copy(dest:Path)->Path:
 
 def cli(root:Path, *args:str, output_root:Path|None=None)->list[str]:
     "The `fusion-nb` command on `root`'s package, and the environment it runs in."
-    return [sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; sys.exit(main())', *args,
+    return [sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; sys.exit(main())', *args,
             *(['--output-root', str(output_root)] if output_root else [])]
 
 def env_for(root:Path, threads:int|None=None)->dict:

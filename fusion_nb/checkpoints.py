@@ -21,10 +21,10 @@ from .core import FusionError, IncompatibleModelsError, atomic_dir, atomic_write
 from .algebra import materialize, tensor_meta
 
 # %% auto #0
-__all__ = ['VISION_PREFIX', 'POSITION_IDS', 'VISION_MODEL_FILES', 'is_local_source', 'is_local', 'resolve_source', 'hub_revision',
-           'env_true', 'hub_offline', 'resolve_model_dir', 'LazyStateDict', 'vision_state_dict', 'vision_config',
-           'check_vision_state_dict', 'load_vision_model', 'save_state_dict', 'save_vision_model', 'hub_reachable',
-           'file_cached', 'model_cached', 'dataset_cached']
+__all__ = ['VISION_PREFIX', 'POSITION_IDS', 'VISION_MODEL_FILES', 'is_local_source', 'is_local', 'resolve_source', 'model_source',
+           'hub_revision', 'env_true', 'hub_offline', 'resolve_model_dir', 'LazyStateDict', 'vision_state_dict',
+           'vision_config', 'check_vision_state_dict', 'load_vision_model', 'save_state_dict', 'save_vision_model',
+           'hub_reachable', 'file_cached', 'model_cached', 'dataset_cached']
 
 # %% ../nbs/02_checkpoints.ipynb #f94184a7
 _HUB_PATTERNS = ['*.json', '*.safetensors', '*.txt', '*.model']
@@ -46,6 +46,18 @@ def resolve_source(value:str, root:Path)->str:
     value = value.strip()
     if value.startswith(('./', '../')): return str((Path(root)/value).resolve())
     return value
+
+# %% ../nbs/02_checkpoints.ipynb #c31fae61
+def model_source(value, # a config's model value
+                 where:str, # its place in the config, for messages
+                )->str:
+    "An absolute folder for a path (checked: it exists and holds config.json), a hub id unchanged."
+    if not isinstance(value, str) or not value.strip(): raise FusionError(f"{where}: expected a folder or hub id, got {value!r}")
+    if not is_local_source(value): return value.strip()
+    p = Path(value).expanduser().resolve()
+    if not p.exists(): raise FusionError(f"{where}: model folder {value!r} does not exist (looked for {p})")
+    if not (p/'config.json').is_file(): raise FusionError(f"{where}: {value!r} is not a model folder (no config.json in {p})")
+    return str(p)
 
 # %% ../nbs/02_checkpoints.ipynb #a55c0499
 def hub_revision(source:str)->tuple[str, str|None]:

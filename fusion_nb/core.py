@@ -8,7 +8,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/core.html.md"""
 from __future__ import annotations
 import contextlib, difflib, hashlib, json, os, random, re, shutil, tempfile, threading, time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ import torch
 __all__ = ['PROGRESS_MODES', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError',
            'HyperparameterError', 'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype',
            'current_umask', 'honour_umask', 'remove_stale_temps', 'atomic_write', 'atomic_write_text', 'atomic_dir',
-           'file_hashes', 'cached_builds', 'progress_mode', 'heartbeat', 'project_root']
+           'file_hashes', 'cached_builds', 'progress_mode', 'heartbeat', 'project_root', 'check_known_keys']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -317,3 +317,15 @@ def project_root(start:str|Path|None=None)->Path:
         if (d/'settings.ini').exists(): return d
     raise FusionError(f"no settings.ini found in {p} or its parents; run from the fusion_nb checkout "
                       "or set FUSION_NB_ROOT")
+
+# %% ../nbs/00_core.ipynb #00ecd442
+def check_known_keys(given:Mapping, # the keys given (a dict, or any iterable of keys)
+                     known:Mapping, # the keys allowed (a dict or set)
+                     where:str, # what the message starts with (the file and section)
+                    )->None:
+    "Raise `FusionError` at the first key of `given` not in `known`, suggesting the closest."
+    for k in given:
+        if k in known: continue
+        close = difflib.get_close_matches(str(k), list(known), n=1)
+        raise FusionError(f"{where}unknown key {k!r}" + (f" (did you mean {close[0]!r}?)" if close else '')
+                          + f"; known keys: {', '.join(known)}")

@@ -68,7 +68,7 @@ def cuda_profile_without_gpu(tmp):
     return lambda: prepare(load_profile('gpu', settings=tmp/'settings.ini'), log=lambda s: None)
 
 def only_empty_name(tmp):
-    from fusion_nb.reproduce.runner import select_experiments
+    from fusion_nb.reproduce.profiles import select_experiments
     return lambda: select_experiments(['00_a', '01_b'], [''])
 
 def empty_test_split(tmp):
@@ -211,7 +211,7 @@ CLI = [  # case, settings.ini, arguments, exit status, stderr fragments
 def test_cli_bad_input(case, settings, args, status, parts, tmp_path):
     if 'cuda' in case and torch.cuda.is_available(): pytest.skip('this machine has a GPU')
     root = _project(tmp_path, settings); (root/'afile').write_text('')
-    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))',
+    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; raise SystemExit(main(sys.argv[1:]))',
                         *[a.format(tmp=root) for a in args]], env={**os.environ, 'FUSION_NB_ROOT': str(root)}, capture_output=True, text=True)
     assert r.returncode == status, r.stderr
     assert 'Traceback' not in r.stderr and r.stderr.startswith('fusion-nb: error: '), r.stderr

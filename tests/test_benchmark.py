@@ -22,7 +22,7 @@ def project(tmp_path_factory):
 
 def test_reproduce_micro_builds_on_first_use(project):
     env = {**os.environ, 'FUSION_NB_ROOT': str(project)}
-    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))',
+    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; raise SystemExit(main(sys.argv[1:]))',
                         'reproduce', '--profile', 'micro', '--only', '00_individual'], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     base = project/'data'/'micro'

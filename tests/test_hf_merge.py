@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from fusion_nb.core import FusionError, IncompatibleModelsError, NonFiniteError
 from fusion_nb.reproduce.merge_config import load_merge_config, run_merge
-from fusion_nb.reproduce.runner import main
+from fusion_nb.reproduce.cli import main
 
 V, H = 64, 16
 

@@ -88,7 +88,7 @@ def mirror(tmp_path_factory):
 
 def _reproduce(root, *args):
     env = {**os.environ, 'FUSION_NB_ROOT': str(root), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'OMP_NUM_THREADS': '1'}
-    return subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))',
+    return subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; raise SystemExit(main(sys.argv[1:]))',
                            'reproduce', '--no-progress', *args], env=env, capture_output=True, text=True, cwd=root)
 
 def test_mirror_layouts_are_what_the_hub_ships(mirror):

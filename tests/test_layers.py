@@ -2,40 +2,16 @@
 the paper packages ← reproduce ← the docs; a paper package never imports another one, and no module imports itself back
 through others. The edges that break this today are listed below, each with why it stands; the list may only shrink."""
 import itertools
-from fusion_nb.reproduce.runner import import_graph
+from fusion_nb.reproduce.fingerprints import import_graph
 
 SPINE = ['core', 'algebra', 'checkpoints', 'catalog', 'pools', 'evaluation']   # nbs/00–06, in that order
 LAYERS = {'methods': 1, 'merge': 2, 'tiny': 3, 'neulig': 4, 'robust': 4, 'masking': 4, 'llava': 4, 'reproduce': 5, 'docs': 6, 'site': 6}
 
-ALLOWED = {   # (importer, imported): why it stands until the house issue moves it
-    ('fusion_nb.merge', 'fusion_nb.neulig.neulig'): "paper 001's method is declared in its paper's package and registered by the facade",
-    ('fusion_nb.reproduce.rows', 'fusion_nb.merge'): 'paper rows belong in reproduce (issue 23: move them)',
-    ('fusion_nb.reproduce.rows', 'fusion_nb.reproduce.reports'): 'paper rows read the paper values (issue 23: move rows to reproduce)',
-    ('fusion_nb.neulig.merge_vs_ensemble', 'fusion_nb.merge'): "paper 001's Mer./Ens./Gap runs every method by name",
-    ('fusion_nb.neulig.merge_vs_ensemble', 'fusion_nb.reproduce.reports'): 'its table labels (issue 23: labels into the spine)',
-    ('fusion_nb.reproduce.sota', 'fusion_nb.merge'): "the beyond-paper-000 rows run every method by name (like reproduce.rows)",
-    ('fusion_nb.llava.benchmarks', 'fusion_nb.reproduce.profiles'): 'hub helpers (issue 23: move them into checkpoints)',
-    ('fusion_nb.masking.imagenet_data', 'fusion_nb.reproduce.profiles'): 'hub helpers (issue 23: move them into checkpoints)',
-    ('fusion_nb.robust.paper_data', 'fusion_nb.masking.imagenet_data'): 'ImageNet sources shared by papers 002 and 003 (issue 23: into the spine)',
-    ('fusion_nb.robust.paper_data', 'fusion_nb.masking.counterfactual_ft'): 'class grouping shared by papers 002 and 003 (issue 23: into the spine)',
-    ('fusion_nb.llava.uq_merge', 'fusion_nb.reproduce.hf_merge'): "merge_llava writes through the streaming writer (issue 23: writer into checkpoints)",
-    ('fusion_nb.neulig.second_backbone', 'fusion_nb.reproduce.profiles'): "Table s6's backbone reads a profile (issue 23: into paper 001's package)",
+ALLOWED = {   # (importer, imported): why it stands
+    ('fusion_nb.merge', 'fusion_nb.neulig.neulig'): "the facade registers every declared method, paper 001's NeuLig included: "
+                                                     "`from fusion_nb.merge import MERGE_METHODS` must list them all",
 }
-CYCLES = {   # pairs of modules that reach each other (mostly through imports inside functions); the list may only shrink
-    ('fusion_nb.reproduce.merge_config', 'fusion_nb.reproduce.runner'): 'fingerprints (issue 23: their own module, the CLI into reproduce/cli)',
-    ('fusion_nb.reproduce.profiles', 'fusion_nb.reproduce.runner'): "profile_sources asks the runner for a profile's experiments",
-    ('fusion_nb.reproduce.export', 'fusion_nb.reproduce.hf_merge'): 'the writer and the model card live in each other',
-    ('fusion_nb.reproduce.export', 'fusion_nb.reproduce.merge_config'): 'merge configs export; export reads their names',
-    ('fusion_nb.reproduce.export', 'fusion_nb.reproduce.profiles'): 'through merge_config',
-    ('fusion_nb.reproduce.hf_merge', 'fusion_nb.reproduce.merge_config'): 'the two schemas call each other',
-    ('fusion_nb.reproduce.merge_config', 'fusion_nb.reproduce.profiles'): 'through the runner',
-    ('fusion_nb.reproduce.profiles', 'fusion_nb.robust.paper_data'): "the offline check lists paper 002's sources",
-    ('fusion_nb.masking.imagenet_data', 'fusion_nb.reproduce.profiles'): 'hub helpers and the offline check (issue 23)',
-    ('fusion_nb.masking.imagenet_data', 'fusion_nb.robust.paper_data'): 'through profiles',
-    ('fusion_nb.llava.benchmarks', 'fusion_nb.reproduce.profiles'): 'hub helpers and the offline check (issue 23)',
-    ('fusion_nb.reproduce.profiles', 'fusion_nb.neulig.second_backbone'): "Table s6's backbone (issue 23: into paper 001's package)",
-    ('fusion_nb.reproduce.runner', 'fusion_nb.neulig.second_backbone'): "Table s6's backbone (issue 23: into paper 001's package)",
-}
+CYCLES = {}   # pairs of modules that reach each other (through imports inside functions too): none; keep it so
 
 def modules():
     "The package's module graph without its package nodes (`fusion_nb.robust` is its modules' layer, already counted)."

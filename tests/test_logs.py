@@ -19,7 +19,7 @@ def test_a_run_without_terminal_writes_lines_not_bars(tmp_path):
     nbformat.write(nb, str(exp/'00_slow.ipynb'))
     env = {**os.environ, 'FUSION_NB_ROOT': str(tmp_path), 'FUSION_NB_LOG_EVERY': '1', 'PYTHONPATH': str(REPO)}
     env.pop('FUSION_NB_PROGRESS', None)
-    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; sys.exit(main())',
+    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; sys.exit(main())',
                         'reproduce', '--profile', 'demo'], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
     log = r.stdout.decode()
     assert r.returncode == 0, log

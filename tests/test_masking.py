@@ -233,7 +233,7 @@ def test_paper_003_profiles_parse_and_fail_at_once_offline(tmp_path, name, model
     assert p.datasets['imagenet'] == 'ILSVRC/imagenet-1k' and p.class_names == 'catalog' and p.extra['soup_ingredients'] == ''
     assert evaluation_splits(p.tasks, p.test_split, p.extra['test_splits'])['imagenet'] == 'validation'
     before = sorted((Path(__file__).parents[1]/'outputs'/name).rglob('*'))   # a checkout may hold earlier runs
-    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))',
+    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; raise SystemExit(main(sys.argv[1:]))',
                         'reproduce', '--profile', name, '--only', '30', '31'],
                        env={**{k: v for k, v in os.environ.items() if k != 'FUSION_NB_ROOT'}, 'HF_HUB_OFFLINE': '1', 'HF_HOME': str(tmp_path)},
                        capture_output=True, text=True, cwd=Path(__file__).parents[1])

@@ -14,7 +14,7 @@ from fusion_nb.checkpoints import vision_config, vision_state_dict
 from fusion_nb.merge import MERGE_METHODS
 from fusion_nb.reproduce import export
 from fusion_nb.reproduce.merge_config import load_merge_config, run_merge
-from fusion_nb.reproduce.runner import main
+from fusion_nb.reproduce.cli import main
 from fusion_nb.tiny.build import build_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def lazy(micro, *names): return {n: vision_state_dict(micro[n]) for n in names}
 
 def test_cli_subprocess_runs_the_ties_example(micro, tmp_path):
     out = tmp_path/'ties'
-    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; sys.exit(main(sys.argv[1:]))',
+    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; sys.exit(main(sys.argv[1:]))',
                         'merge', 'examples/merge/ties_micro.yaml', '-o', str(out), '--no-progress'], cwd=REPO, capture_output=True,
                        text=True, env={**os.environ, 'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1'}, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -6,7 +6,7 @@ import pandas as pd, pytest
 ray = pytest.importorskip('ray')   # an optional extra: pip install 'fusion_nb[ray]'
 
 from fusion_nb.core import FusionError
-from fusion_nb.reproduce.runner import main, reproduce, sweep
+from fusion_nb.reproduce.cli import main, reproduce, sweep
 from test_reproduce import FLAKY_BODY, SETTINGS, leftovers, project, write_nb
 
 KILLED_BODY = """

@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat, pandas as pd, pytest
 
 import fusion_nb
-import fusion_nb.reproduce.runner
+import fusion_nb.reproduce.runner, fusion_nb.reproduce.fingerprints
 from conftest import scratch_sources
 from fusion_nb.core import UnknownNameError, FusionError
 from fusion_nb.reproduce.runner import reproduce
@@ -98,7 +98,7 @@ def test_skip_if_unchanged_and_rerun_on_change(project, monkeypatch):
     (project/'models'/'none'/'config.json').write_text('{}')
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # local data changed (a file appeared)
     assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped'}
-    monkeypatch.setattr(fusion_nb.reproduce.runner, 'code_fingerprint', lambda nb: {'fusion_nb/x.py': 'other code'})
+    monkeypatch.setattr(fusion_nb.reproduce.fingerprints, 'code_fingerprint', lambda nb: {'fusion_nb/x.py': 'other code'})
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}      # the sources they run changed
     (project/'outputs'/'demo'/'01_flaky'/'table.md').unlink()
     assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'ok'}  # outputs gone: rerun
@@ -156,7 +156,7 @@ def test_notebook_without_parameters_cell_is_refused_before_anything_runs(projec
     assert run(project, only=['00_ok'])[0] == {'00_ok': 'ok'}
 
 def cli(project, *args, env=None):
-    return subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))', *args],
+    return subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; raise SystemExit(main(sys.argv[1:]))', *args],
                           env={**os.environ, 'FUSION_NB_ROOT': str(project), **(env or {})}, capture_output=True, text=True)
 
 def test_cli(project):
@@ -179,7 +179,7 @@ def test_cli(project):
 def test_paper_profile_offline_fails_at_once(tmp_path):
     "The real clip-vit-b32 profile, no hub and empty caches: exit 2 before any experiment starts, saying what to do."
     before = sorted((Path(__file__).parents[1]/'outputs'/'clip-vit-b32').rglob('*'))   # a checkout may hold earlier runs
-    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.runner import main; raise SystemExit(main(sys.argv[1:]))',
+    r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; raise SystemExit(main(sys.argv[1:]))',
                         'reproduce', '--profile', 'clip-vit-b32'],
                        env={**{k: v for k, v in os.environ.items() if k != 'FUSION_NB_ROOT'}, 'HF_HUB_OFFLINE': '1', 'HF_HOME': str(tmp_path)},
                        capture_output=True, text=True, cwd=Path(__file__).parents[1])
@@ -376,7 +376,7 @@ def test_a_profile_runs_only_the_experiments_its_key_names(project):
 
 def test_runner_keys_are_never_notebook_parameters(project):
     "A profile's `experiments` (what the runner runs) is not injected into a notebook parameter of that name."
-    from fusion_nb.reproduce.runner import experiment_parameters
+    from fusion_nb.reproduce.fingerprints import experiment_parameters
     from fusion_nb.reproduce.profiles import load_profile
     ini = project/'settings.ini'
     ini.write_text(ini.read_text().replace('should_fail = no', 'should_fail = no\nexperiments = 00_ok'))
@@ -389,7 +389,7 @@ def test_runner_keys_are_never_notebook_parameters(project):
 def test_every_profile_injects_values_of_the_declared_types():
     "For each real profile and each experiment it runs, an injected value has the type of the notebook's default (a str stays a str)."
     import ast
-    from fusion_nb.reproduce.runner import experiment_parameters, notebook_parameters
+    from fusion_nb.reproduce.fingerprints import experiment_parameters, notebook_parameters
     from fusion_nb.reproduce.profiles import list_profiles, load_profile
     repo = Path(__file__).parents[1]
     notebooks = sorted((repo/'nbs'/'experiments').glob('*.ipynb'))
@@ -410,7 +410,7 @@ def test_every_profile_injects_values_of_the_declared_types():
 def test_papermill_reads_every_parameter_of_every_experiment():
     "A parameter papermill cannot parse (e.g. '=' in its comment) is never injected: the runner would ignore the profile's value."
     import ast
-    from fusion_nb.reproduce.runner import notebook_parameters
+    from fusion_nb.reproduce.fingerprints import notebook_parameters
     for nb in sorted((Path(__file__).parents[1]/'nbs'/'experiments').glob('*.ipynb')):
         cell = next(c for c in json.loads(nb.read_text())['cells'] if 'parameters' in c['metadata'].get('tags', []))
         assigned = [t.id for n in ast.parse(''.join(cell['source'])).body if isinstance(n, ast.Assign) for t in n.targets]

@@ -5,9 +5,11 @@ from pathlib import Path
 import nbformat, pytest
 
 import fusion_nb
-import fusion_nb.reproduce.runner as runner
+import fusion_nb.reproduce.fingerprints as fingerprints
 from fusion_nb.reproduce.profiles import load_profile
-from fusion_nb.reproduce.runner import code_fingerprint, experiments_dir, list_experiments, run_reason
+from fusion_nb.reproduce.fingerprints import code_fingerprint
+from fusion_nb.reproduce.profiles import experiments_dir, list_experiments
+from fusion_nb.reproduce.runner import run_reason
 
 PAPER_000 = ['00_individual', '01_multi_task_merging', '02_scaling_sweeps', '03_task_vector_cosine',
              '04_fusion_eight_tasks', '05_generalization', '06_robustness']
@@ -72,7 +74,7 @@ def test_runner_reruns_what_changed_and_old_records_once(tmp_path, monkeypatch, 
     exp = tmp_path/'nbs'/'experiments'; exp.mkdir(parents=True)
     scratch_nb(exp/'00_merges.ipynb', 'from fusion_nb.methods.ties import ties_merging')
     scratch_nb(exp/'01_llava.ipynb', 'from fusion_nb.llava.model import load_llava')
-    monkeypatch.setenv('FUSION_NB_ROOT', str(tmp_path)); monkeypatch.setattr(runner, '_package_dir', lambda: pkg)
+    monkeypatch.setenv('FUSION_NB_ROOT', str(tmp_path)); monkeypatch.setattr(fingerprints, '_package_dir', lambda: pkg)
     prof = load_profile('demo')
     def record(name, **change):   # what a successful run leaves: inputs.json, no other outputs
         out = tmp_path/'outputs'/'demo'/name; out.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,8 @@ import json, sys
 import pandas as pd, pytest
 
 from fusion_nb.core import FusionError
-from fusion_nb.reproduce.runner import check_backend, main, sweep
+from fusion_nb.reproduce.cli import main
+from fusion_nb.reproduce.runner import check_backend, sweep
 from test_reproduce import project, write_nb   # the scratch project of the runner's tests (fixture included)
 
 SWEEP_BODY = """

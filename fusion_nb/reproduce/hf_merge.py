@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..core import (FusionError, HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_dir,
+from ..core import (FusionError, HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_dir, check_known_keys,
                             atomic_write_text, get_device, get_dtype)
-from ..checkpoints import LazyStateDict, resolve_model_dir
+from ..checkpoints import LazyStateDict, model_source, resolve_model_dir
 from ..methods.registry import MergeMethod, all_finite, merge_streaming, write_merged
 from ..merge import MERGE_METHODS
 from ..methods.breadcrumbs import gta_rule, magnitude_outliers
@@ -159,7 +159,6 @@ def _rule_per_tensor(m:MergeMethod, values:Callable, pretrained, experts, runtim
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #965294d2
 def _model_params(raw_models, base, where)->tuple[dict, dict]:
     "(name → source, name → its parameter settings) of a mergekit `models:` list, the base left out."
-    from fusion_nb.reproduce.merge_config import model_source
     if not isinstance(raw_models, list) or not raw_models: raise FusionError(f"{where}models: expected a list of {{model: ..., parameters: ...}}")
     sources, params = {}, {}
     for i, e in enumerate(raw_models):
@@ -245,10 +244,9 @@ def load_mergekit_config(raw:Mapping, # a mergekit config, parsed
                          w:str='', # prefix naming the config in messages
                         )->HFMergePlan:
     "Check a mergekit config and make the plan that runs it (no tensor read yet)."
-    from fusion_nb.reproduce.merge_config import model_source, _check_keys
     raw = dict(raw)
     name, m = _mergekit_method(raw, w)
-    _check_keys(raw, dict.fromkeys(MERGEKIT_KEYS + ('slices', 'modules')), w)
+    check_known_keys(raw, dict.fromkeys(MERGEKIT_KEYS + ('slices', 'modules')), w)
     base = model_source(raw['base_model'], f"{w}base_model") if raw.get('base_model') else None
     if base is None and name not in _NO_BASE: raise FusionError(f"{w}base_model: mergekit's {name} needs a base_model")
     sources, params = _model_params(raw.get('models'), base if name not in ('linear', 'karcher') else None, w)
@@ -296,10 +294,9 @@ def hf_device(raw, w)->str:
 HF_OUTPUT_DEFAULTS = {'card': True, 'push_to_hub': None, 'private': False, 'max_shard_size': '5GB'}
 
 def hf_output(raw, w)->dict:
-    from fusion_nb.reproduce.merge_config import _check_keys
     from fusion_nb.reproduce.export import check_repo_id
     out = dict(raw.get('output') or {})
-    _check_keys(out, HF_OUTPUT_DEFAULTS | {'model': None}, f"{w}output: ")
+    check_known_keys(out, HF_OUTPUT_DEFAULTS | {'model': None}, f"{w}output: ")
     out.pop('model', None)
     out = {**HF_OUTPUT_DEFAULTS, **out}
     if out['push_to_hub'] is not None: check_repo_id(out['push_to_hub'], f"{w}output.push_to_hub: ")

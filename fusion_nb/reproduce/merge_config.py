@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 import torch, yaml
 
-from ..core import FusionError, HyperparameterError, IncompatibleModelsError, file_hashes, get_device, get_dtype
-from ..checkpoints import is_local_source, resolve_model_dir, vision_config, vision_state_dict
+from ..core import FusionError, HyperparameterError, IncompatibleModelsError, check_known_keys, file_hashes, get_device, get_dtype
+from ..checkpoints import is_local_source, model_source, resolve_model_dir, vision_config, vision_state_dict
 from ..merge import MERGE_METHODS, MergeMethod
 from ..methods.registry import check_models
 from .hf_merge import HFMergePlan, load_mergekit_config, run_hf_merge, hf_dtype, hf_device, hf_output
@@ -22,10 +22,20 @@ from .export import EXPORT_KINDS, check_export_dir, check_push, check_repo_id, e
 import fusion_nb
 
 # %% auto #0
-__all__ = ['CONFIG_KEYS', 'MODEL_KEYS', 'OUTPUT_KEYS', 'OUTPUT_DEFAULTS', 'NOT_ONE_MODEL', 'NOT_ONE_MODEL_METHODS',
-           'SET_BY_THE_COMMAND', 'LEARNS', 'ARCHITECTURE', 'CLIP_TYPES', 'model_source', 'check_architectures',
-           'merge_hyperparameters', 'check_float32', 'MergeConfig', 'load_merge_config', 'merge_inputs', 'merge_data',
-           'hf_inputs', 'run_merge']
+__all__ = ['ARCHITECTURE', 'NOT_ONE_MODEL', 'NOT_ONE_MODEL_METHODS', 'SET_BY_THE_COMMAND', 'LEARNS', 'CONFIG_KEYS', 'MODEL_KEYS',
+           'OUTPUT_KEYS', 'OUTPUT_DEFAULTS', 'CLIP_TYPES', 'check_architectures', 'merge_hyperparameters',
+           'check_float32', 'MergeConfig', 'load_merge_config', 'merge_inputs', 'merge_data', 'hf_inputs', 'run_merge']
+
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #b7934c17
+ARCHITECTURE = ('hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads', 'patch_size', 'image_size',
+                'num_channels', 'hidden_act')   # what makes two vision encoders' tensors line up
+NOT_ONE_MODEL = {'output-space': 'it ensembles the experts\' outputs, so its result is not one model',
+                 'selection': 'it selects with a Python evaluation function, which a config cannot hold',
+                 'task-conditional': 'it gives one model per task, chosen by the task id at inference (.for_task(task))'}
+NOT_ONE_MODEL_METHODS = {'weight_ensembling_moe': 'its result is a mixture of experts with learned routers, not one set of weights',
+                         'neulig': 'its result weighs the experts per sample with a learned router (Portland), not one set of weights'}
+SET_BY_THE_COMMAND = {'save_to': 'the command saves what a method learns into the output folder (artefacts/)'}
+LEARNS = ('data-based', 'test-time')   # kinds that need a profile's data
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #e9858c4f
 CONFIG_KEYS = {
@@ -51,43 +61,11 @@ OUTPUT_KEYS = {
     'private': 'create that repository private (default false)'}
 OUTPUT_DEFAULTS = {'model': 'vision', 'card': True, 'push_to_hub': None, 'private': False}
 
-# %% ../../nbs/reproduce/94_merge_cli.ipynb #00ecd442
-NOT_ONE_MODEL = {'output-space': 'it ensembles the experts\' outputs, so its result is not one model',
-                 'selection': 'it selects with a Python evaluation function, which a config cannot hold',
-                 'task-conditional': 'it gives one model per task, chosen by the task id at inference (.for_task(task))'}
-NOT_ONE_MODEL_METHODS = {'weight_ensembling_moe': 'its result is a mixture of experts with learned routers, not one set of weights',
-                         'neulig': 'its result weighs the experts per sample with a learned router (Portland), not one set of weights'}
-SET_BY_THE_COMMAND = {'save_to': 'the command saves what a method learns into the output folder (artefacts/)'}
-LEARNS = ('data-based', 'test-time')   # kinds that need a profile's data
-
-def _check_keys(given:Mapping, known:Mapping, where:str)->None:
-    "Raise `FusionError` at the first key of `given` not in `known`, suggesting the closest."
-    for k in given:
-        if k in known: continue
-        close = difflib.get_close_matches(str(k), list(known), n=1)
-        raise FusionError(f"{where}unknown key {k!r}" + (f" (did you mean {close[0]!r}?)" if close else '')
-                          + f"; known keys: {', '.join(known)}")
-
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #a712fc70
 def _mapping(value, where:str)->dict:
     if value is None: return {}
     if not isinstance(value, Mapping): raise FusionError(f"{where} must be a mapping (key: value lines), got {type(value).__name__} {value!r}")
     return dict(value)
-
-# %% ../../nbs/reproduce/94_merge_cli.ipynb #c31fae61
-ARCHITECTURE = ('hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads', 'patch_size', 'image_size',
-                'num_channels', 'hidden_act')   # what makes two vision encoders' tensors line up
-
-def model_source(value, # a config's model value
-                 where:str, # its place in the config, for messages
-                )->str:
-    "An absolute folder for a path (checked: it exists and holds config.json), a hub id unchanged."
-    if not isinstance(value, str) or not value.strip(): raise FusionError(f"{where}: expected a folder or hub id, got {value!r}")
-    if not is_local_source(value): return value.strip()
-    p = Path(value).expanduser().resolve()
-    if not p.exists(): raise FusionError(f"{where}: model folder {value!r} does not exist (looked for {p})")
-    if not (p/'config.json').is_file(): raise FusionError(f"{where}: {value!r} is not a model folder (no config.json in {p})")
-    return str(p)
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #d9da600d
 def check_architectures(sources:Mapping[str, str], # place in the config → model source
@@ -194,7 +172,7 @@ def _method(raw:dict, w:str)->MergeMethod:
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #7c249d5e
 def _output(raw:dict, w:str)->dict:
     out = _mapping(raw.get('output'), f"{w}output")
-    _check_keys(out, OUTPUT_KEYS, f"{w}output: ")
+    check_known_keys(out, OUTPUT_KEYS, f"{w}output: ")
     out = {**OUTPUT_DEFAULTS, **out}
     if out['model'] not in EXPORT_KINDS: raise FusionError(f"{w}output.model: {out['model']!r} is not one of {', '.join(EXPORT_KINDS)}")
     for k in ('card', 'private'):
@@ -212,7 +190,7 @@ def _models(raw:dict, m:MergeMethod, profile, w:str)->tuple[dict, dict]:
     sources, own = {}, {}
     for i, entry in enumerate(models):
         entry = {'model': entry} if isinstance(entry, str) else _mapping(entry, f"{w}models[{i}]")
-        _check_keys(entry, MODEL_KEYS, f"{w}models[{i}]: ")
+        check_known_keys(entry, MODEL_KEYS, f"{w}models[{i}]: ")
         if 'model' not in entry: raise FusionError(f"{w}models[{i}]: missing key 'model' ({MODEL_KEYS['model']})")
         src = model_source(entry['model'], f"{w}models[{i}].model")
         name = str(entry.get('name') or by_path.get(src) or src.rstrip('/').split('/')[-1])
@@ -267,7 +245,7 @@ def load_merge_config(config, # a YAML file, or the same as a dict
     "Read and check a merge config: every key, the method, the models and their architectures, the parameters, data and output."
     raw, w = _read_yaml(config)
     if 'merge_method' in raw: return load_mergekit_config(raw, w)   # mergekit's schema, read as mergekit reads it
-    _check_keys(raw, CONFIG_KEYS, w)
+    check_known_keys(raw, CONFIG_KEYS, w)
     m = _method(raw, w)
     profile = _profile(raw, m, w)
     models, own = _models(raw, m, profile, w)
@@ -307,16 +285,16 @@ def _hf_plan(raw:dict, m:MergeMethod, base, models:dict, own:dict, w:str)->HFMer
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #92226bf5
 def merge_inputs(cfg:MergeConfig)->dict:
     "What a merge's result depends on (config, models' content, data, code), with its `hash`."
-    from fusion_nb.reproduce.runner import _sha, data_fingerprint, package_hash
+    from fusion_nb.reproduce.fingerprints import data_fingerprint, json_sha256, package_hash
     from fusion_nb.reproduce.profiles import load_profile
     sources = {**({'base_model': cfg.base_model} if cfg.base_model else {}), **cfg.models}
     d = {'command': 'fusion-nb merge', 'config': cfg.raw,
          'resolved': dict(method=cfg.method.name, base_model=cfg.base_model, models=cfg.models, hyperparameters=cfg.hyperparameters,
                           dtype=cfg.dtype, device=cfg.device, profile=cfg.profile, output=cfg.output),
-         'models': {n: _sha(file_hashes(s)) if Path(s).is_dir() else s for n, s in sources.items()},
+         'models': {n: json_sha256(file_hashes(s)) if Path(s).is_dir() else s for n, s in sources.items()},
          'version': fusion_nb.__version__, 'package': package_hash()}
     if cfg.profile: d['data'] = data_fingerprint(load_profile(cfg.profile))
-    d['hash'] = _sha(d)
+    d['hash'] = json_sha256(d)
     return json.loads(json.dumps(d, default=str))
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #ec343b49
@@ -335,18 +313,18 @@ def _plain(v)->bool: return v is None or isinstance(v, (bool, int, float, str)) 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #8f7d09bf
 def hf_inputs(plan:HFMergePlan)->dict:
     "What a Hugging Face merge depends on: the config, each model's files (names, sizes, safetensors headers: not the weights' bytes), the code."
-    from fusion_nb.reproduce.runner import _sha, package_hash
+    from fusion_nb.reproduce.fingerprints import json_sha256, package_hash
     def fingerprint(src):
         d = resolve_model_dir(src)
         def head(f): 
             with open(f, 'rb') as h: n = int.from_bytes(h.read(8), 'little'); return hashlib.sha256(h.read(n)).hexdigest()
-        return _sha({f.name: [f.stat().st_size, head(f) if f.suffix == '.safetensors' else hashlib.sha256(f.read_bytes()).hexdigest()]
+        return json_sha256({f.name: [f.stat().st_size, head(f) if f.suffix == '.safetensors' else hashlib.sha256(f.read_bytes()).hexdigest()]
                      for f in sorted(d.iterdir()) if f.is_file() and not f.name.startswith('.')})
     sources = {**({'base_model': plan.base_model} if plan.base_model else {}), **plan.models}
     d = {'command': 'fusion-nb merge', 'config': plan.raw, 'resolved': dict(method=plan.method.name, mergekit=plan.mergekit,
          base_model=plan.base_model, models=plan.models, out_dtype=plan.out_dtype, device=plan.device, output=plan.output),
          'models': {n: fingerprint(s) for n, s in sources.items()}, 'version': fusion_nb.__version__, 'package': package_hash()}
-    d['hash'] = _sha(d)
+    d['hash'] = json_sha256(d)
     return json.loads(json.dumps(d, default=str))
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #03ac4fde

@@ -6,9 +6,10 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/profiles.html.md"""
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #b33ff062
 from __future__ import annotations
-import ast, configparser, difflib, glob, json, os, threading, urllib.error, urllib.request
+import ast, configparser, difflib, json, os
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -19,7 +20,8 @@ from ..checkpoints import dataset_cached, env_true, file_cached, hub_reachable, 
 __all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'PAPER_KEYS', 'SCRATCH', 'SWEEPS', 'BUDGET_RANGES',
            'Profile', 'settings_path', 'list_profiles', 'declared_parameters', 'check_keys', 'check_budgets',
            'load_profile', 'Source', 'experiment_sources', 'profile_sources', 'source_problems', 'missing_from_cache',
-           'prepare', 'resolved_revisions']
+           'prepare', 'resolved_revisions', 'experiments_dir', 'list_experiments', 'select_experiments',
+           'profile_experiments']
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #fc87d834
 @dataclass
@@ -309,7 +311,6 @@ def experiment_sources(profile:Profile, # a loaded profile
 # %% ../../nbs/reproduce/90_profiles.ipynb #eb8d6c28
 def profile_sources(profile:Profile)->list[Source]:
     "Every model, dataset and file the experiments of `profile` read, each once, in experiment order (no `experiments` key: its own)."
-    from fusion_nb.reproduce.runner import profile_experiments
     # without an `experiments` key a profile (tiny, a user's own) names its pretrained model, experts and tasks: those are
     # checked, not what every notebook of nbs/experiments would read for it (experiment 10's seven tasks, say)
     try: names = profile_experiments(profile) if profile.experiments else []
@@ -413,3 +414,48 @@ def resolved_revisions(profile:Profile, # the profile whose hub sources to look 
             revision = revision or 'main'
             out[s] = next((r.commit_hash for r in cached.get((kind, repo), ()) if revision == r.commit_hash or revision in r.refs), None)
     return out
+
+# %% ../../nbs/reproduce/90_profiles.ipynb #217cbc0a
+def experiments_dir(root:str|Path|None=None)->Path:
+    "The folder of experiment notebooks: `<root>/nbs/experiments`."
+    return Path(root or project_root())/'nbs'/'experiments'
+
+# %% ../../nbs/reproduce/90_profiles.ipynb #dbfa8377
+def list_experiments(root:str|Path|None=None)->list[str]:
+    "Experiment names (notebook stems), in run order (by name)."
+    d = experiments_dir(root)
+    return sorted(p.stem for p in d.glob('*.ipynb') if not p.name.startswith(('_', '.'))) if d.exists() else []
+
+# %% ../../nbs/reproduce/90_profiles.ipynb #c5d510af
+def select_experiments(names:Sequence[str], # the available experiments
+                       only:Sequence[str]|None=None, # wanted: names, `name.ipynb`, unique prefixes (`00`), comma lists
+                      )->list[str]:
+    "The experiments `only` names, in run order (all of `names` if `only` is None or [])."
+    if only is None: return list(names)
+    only = [only] if isinstance(only, str) else list(only)
+    items = [w.strip().removesuffix('.ipynb') for o in only for w in str(o).split(',') if w.strip()]
+    if only and not items:   # `--only ""`: asked for a selection, named nothing
+        raise UnknownNameError(f"no experiment named in {only!r}. Experiments: {', '.join(names) or '(none)'}")
+    if not items: return list(names)
+    wanted, unknown = set(), []
+    for item in items:
+        hits = [item] if item in names else [n for n in names if n.startswith(item)]
+        if len(hits) == 1: wanted.add(hits[0])
+        elif hits: raise UnknownNameError(f"experiment {item!r} is ambiguous: it could be {', '.join(hits)}")
+        else: unknown.append(item)
+    if unknown: raise UnknownNameError(f"unknown experiment(s) {', '.join(map(repr, unknown))}. Experiments: {', '.join(names) or '(none)'}")
+    return [n for n in names if n in wanted]
+
+# %% ../../nbs/reproduce/90_profiles.ipynb #a57c9864
+def profile_experiments(profile:Profile, # a loaded profile (its `experiments` key)
+                        only:Sequence[str]|None=None, # wanted ones, as for `select_experiments` (default: all the profile runs)
+                       )->list[str]:
+    "The experiments to run: `only` (or all) among those the profile's `experiments` key names (empty key: every notebook)."
+    everything = list_experiments(profile.root)
+    try: own = select_experiments(everything, profile.experiments or None)
+    except UnknownNameError as e: raise FusionError(f"profile {profile.name!r}, key experiments: {e}") from None
+    wanted = select_experiments(everything, only)
+    if only is not None and (outside := [n for n in wanted if n not in own]):
+        raise FusionError(f"profile {profile.name!r} does not run {', '.join(outside)} (its experiments: {', '.join(own)}; "
+                          "key experiments in settings.ini)")
+    return [n for n in wanted if n in own]

@@ -6,47 +6,23 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/runner.html.md"""
 
 # %% ../../nbs/reproduce/92_runner.ipynb #a15ca59f
 from __future__ import annotations
-import argparse, ast, contextlib, datetime, hashlib, itertools, json, os, re, shutil, sys, time, warnings
+import ast, contextlib, datetime, itertools, json, os, re, sys, time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..core import (FusionError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes, heartbeat, progress_mode, project_root,
+from ..core import (FusionError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes, heartbeat, progress_mode,
                             remove_stale_temps)
-from .profiles import PLACEMENT_KEYS, SWEEPS, Profile, is_local, list_profiles, load_profile, prepare, resolved_revisions
+from .profiles import (SWEEPS, Profile, experiments_dir, list_experiments, load_profile, prepare, profile_experiments,
+                                          resolved_revisions, select_experiments)
+from .fingerprints import experiment_inputs, experiment_parameters, hash_cache, notebook_parameters, read_notebook
 from .reports import write_report
 import fusion_nb
 
 # %% auto #0
-__all__ = ['DATA_BUILDERS', 'BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiments_dir', 'list_experiments',
-           'read_notebook', 'experiment_title', 'select_experiments', 'import_graph', 'notebook_imports',
-           'code_fingerprint', 'notebook_parameters', 'experiment_parameters', 'notebook_hash', 'package_hash',
-           'hash_cache', 'second_backbone_sources', 'data_fingerprint', 'experiment_inputs', 'why_rerun',
-           'foreign_files', 'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason',
-           'record_failure', 'run_experiment', 'ray_module', 'run_local', 'check_ray_address', 'run_on_ray', 'run_jobs',
-           'check_backend', 'writable_profile_dir', 'prepare_logged', 'profile_experiments', 'reproduce',
-           'sweep_points', 'point_name', 'merge_sweep', 'sweep', 'main']
-
-# %% ../../nbs/reproduce/92_runner.ipynb #217cbc0a
-def experiments_dir(root:str|Path|None=None)->Path:
-    "The folder of experiment notebooks: `<root>/nbs/experiments`."
-    return Path(root or project_root())/'nbs'/'experiments'
-
-# %% ../../nbs/reproduce/92_runner.ipynb #dbfa8377
-def list_experiments(root:str|Path|None=None)->list[str]:
-    "Experiment names (notebook stems), in run order (by name)."
-    d = experiments_dir(root)
-    return sorted(p.stem for p in d.glob('*.ipynb') if not p.name.startswith(('_', '.'))) if d.exists() else []
-
-# %% ../../nbs/reproduce/92_runner.ipynb #cd6de840
-def read_notebook(nb_path:str|Path)->dict:
-    "An experiment notebook's JSON; a FusionError naming the file when it is not a notebook (empty, truncated, not JSON)."
-    try:
-        nb = json.loads(Path(nb_path).read_text(encoding='utf-8'))
-        if not isinstance(nb, dict) or not isinstance(nb.get('cells'), list): raise ValueError('no list of cells')
-    except (OSError, ValueError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise FusionError(f"experiment notebook {nb_path} is not a readable notebook ({type(e).__name__}: {e}); "
-                          "fix it, or move it out of nbs/experiments") from None
-    return nb
+__all__ = ['BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiment_title', 'why_rerun', 'foreign_files', 'check_owned',
+           'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure', 'run_experiment',
+           'ray_module', 'run_local', 'check_ray_address', 'run_on_ray', 'run_jobs', 'check_backend',
+           'writable_profile_dir', 'prepare_logged', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #ccf9d496
 def experiment_title(nb_path:str|Path)->str:
@@ -56,194 +32,6 @@ def experiment_title(nb_path:str|Path)->str:
             src = ''.join(c['source']).lstrip()
             return src.splitlines()[0].lstrip('#').strip() if src.startswith('# ') else ''
     return ''
-
-# %% ../../nbs/reproduce/92_runner.ipynb #c5d510af
-def select_experiments(names:Sequence[str], # the available experiments
-                       only:Sequence[str]|None=None, # wanted: names, `name.ipynb`, unique prefixes (`00`), comma lists
-                      )->list[str]:
-    "The experiments `only` names, in run order (all of `names` if `only` is None or [])."
-    if only is None: return list(names)
-    only = [only] if isinstance(only, str) else list(only)
-    items = [w.strip().removesuffix('.ipynb') for o in only for w in str(o).split(',') if w.strip()]
-    if only and not items:   # `--only ""`: asked for a selection, named nothing
-        raise UnknownNameError(f"no experiment named in {only!r}. Experiments: {', '.join(names) or '(none)'}")
-    if not items: return list(names)
-    wanted, unknown = set(), []
-    for item in items:
-        hits = [item] if item in names else [n for n in names if n.startswith(item)]
-        if len(hits) == 1: wanted.add(hits[0])
-        elif hits: raise UnknownNameError(f"experiment {item!r} is ambiguous: it could be {', '.join(hits)}")
-        else: unknown.append(item)
-    if unknown: raise UnknownNameError(f"unknown experiment(s) {', '.join(map(repr, unknown))}. Experiments: {', '.join(names) or '(none)'}")
-    return [n for n in names if n in wanted]
-
-# %% ../../nbs/reproduce/92_runner.ipynb #c0de9a02
-DATA_BUILDERS = ('tiny.build',)   # the profile's builder (`prepare`): its outputs count by content, in `data_fingerprint`
-
-def _package_dir()->Path: return Path(fusion_nb.__file__).parent
-
-# %% ../../nbs/reproduce/92_runner.ipynb #e08fb4e1
-def _imported(tree:ast.AST, module:str='', is_pkg:bool=False)->set[str]:
-    "Dotted names a source imports anywhere (in functions too; relative ones resolved), `a.b.c` attribute chains and `import_module('...')`."
-    out = set()
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Import): out.update(a.name for a in n.names)
-        elif isinstance(n, ast.ImportFrom):
-            parts = module.split('.')
-            base = '.'.join(parts[:len(parts) - n.level + is_pkg] + [n.module or '']).strip('.') if n.level else n.module
-            out.add(base); out.update(f'{base}.{a.name}' for a in n.names)
-        elif isinstance(n, ast.Attribute):   # `fusion_nb.merge.MERGE_METHODS` after `import fusion_nb.merge`
-            chain = [n.attr]
-            while isinstance(n := n.value, ast.Attribute): chain.append(n.attr)
-            if isinstance(n, ast.Name): out.add('.'.join([n.id, *reversed(chain)]))
-        elif isinstance(n, ast.Call) and getattr(n.func, 'attr', getattr(n.func, 'id', None)) in ('import_module', '__import__'):
-            arg = n.args[0] if n.args else None   # a computed name: any module of the package (`*`)
-            out.add(arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else '*')
-    return out
-
-# %% ../../nbs/reproduce/92_runner.ipynb #c0de9a03
-_GRAPHS = {}   # (package folder, its files' sizes and mtimes) → import graph: parsed once per run, not per experiment
-
-def _modules(pkg:Path)->dict[str, Path]:
-    "Module name → source file, for every module of the package in `pkg` (not the docs index `_modidx`)."
-    files = [f for f in sorted(pkg.rglob('*.py')) if '__pycache__' not in f.parts and f.name != '_modidx.py']
-    return {'.'.join((pkg.name, *f.relative_to(pkg).with_suffix('').parts)).removesuffix('.__init__'): f for f in files}
-
-# %% ../../nbs/reproduce/92_runner.ipynb #a665ff8b
-def _resolve(names, mods:Mapping[str, Path], pkg_name:str)->set[str]:
-    "The package's modules `names` run: the longest module prefix of each, and the packages above it (their `__init__`)."
-    out = set(mods) if '*' in names else set()
-    for name in names:
-        while name and name not in mods: name = name.rpartition('.')[0]
-        while name: out.add(name); name = name.rpartition('.')[0]
-    return {m for m in out if m == pkg_name or m.startswith(pkg_name + '.')}
-
-# %% ../../nbs/reproduce/92_runner.ipynb #b7cafea4
-def import_graph(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
-                )->dict[str, set[str]]:
-    "Module → the package's modules it imports (anywhere in its source); edges into `DATA_BUILDERS` left out."
-    pkg = Path(pkg_dir or _package_dir()).resolve(); mods = _modules(pkg)
-    key = (pkg, tuple((m, f.stat().st_mtime_ns, f.stat().st_size) for m, f in mods.items()))
-    if key not in _GRAPHS:
-        builders = {f'{pkg.name}.{b}' for b in DATA_BUILDERS}
-        with warnings.catch_warnings():   # a source's own warnings (an invalid escape) are not ours to print
-            warnings.simplefilter('ignore')
-            trees = {m: ast.parse(f.read_bytes()) for m, f in mods.items()}
-        _GRAPHS[key] = {m: _resolve(_imported(t, m, mods[m].name == '__init__.py'), mods, pkg.name) - {m} - builders
-                        for m, t in trees.items()}
-    return _GRAPHS[key]
-
-# %% ../../nbs/reproduce/92_runner.ipynb #c0de9a04
-def notebook_imports(nb_path:str|Path)->set[str]:
-    "What a notebook's code cells import, as `_imported` reads it (magics and shell lines left out)."
-    out = set()
-    for c in json.loads(Path(nb_path).read_text())['cells']:
-        if c['cell_type'] != 'code': continue
-        src = '\n'.join(l for l in ''.join(c['source']).splitlines() if not l.lstrip().startswith(('%', '!')))
-        try: out |= _imported(ast.parse(src))
-        except SyntaxError:   # not Python as a whole: its import lines one by one
-            for l in src.splitlines():
-                with contextlib.suppress(SyntaxError): out |= _imported(ast.parse(l.strip()))
-    return out
-
-# %% ../../nbs/reproduce/92_runner.ipynb #836e3daf
-def code_fingerprint(nb_path:str|Path, # the experiment notebook
-                     pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
-                    )->dict[str, str]:
-    "The package's sources a notebook runs (its imports, transitively) → their sha256; `{}` if it imports none."
-    pkg = Path(pkg_dir or _package_dir()).resolve(); graph, mods = import_graph(pkg), _modules(pkg)
-    todo, seen = list(_resolve(notebook_imports(nb_path), mods, pkg.name)), set()
-    while todo:
-        if (m := todo.pop()) not in seen: seen.add(m); todo.extend(graph[m])
-    return {mods[m].relative_to(pkg.parent).as_posix(): hashlib.sha256(mods[m].read_bytes()).hexdigest() for m in sorted(seen)}
-
-# %% ../../nbs/reproduce/92_runner.ipynb #9149c3ce
-def notebook_parameters(path:str|Path)->dict:
-    "Parameters declared in the notebook's `parameters` cell (papermill's inspection)."
-    import papermill
-    read_notebook(path)   # a broken notebook is named, not a raw traceback from papermill
-    return papermill.inspect_notebook(str(path))
-
-# %% ../../nbs/reproduce/92_runner.ipynb #8d9c9690
-def experiment_parameters(nb_path:str|Path, # the experiment notebook
-                          profile:Profile, # the profile it runs for
-                          overrides:Mapping|None=None, # values replacing the profile's (a sweep's point); each must be declared
-                         )->dict:
-    "The papermill parameters for a notebook: `profile` plus the profile values it declares (not `output_dir`), then `overrides`."
-    declared = notebook_parameters(nb_path)
-    if 'profile' not in declared or 'output_dir' not in declared:
-        raise FusionError(f"experiment {Path(nb_path).stem!r}: its parameters cell (the cell tagged `parameters`) "
-                          f"must declare `profile` and `output_dir`; it declares {', '.join(declared) or 'nothing'}")
-    settable = [k for k in declared if k not in ('profile', 'output_dir')]
-    undeclared = [k for k in (overrides or {}) if k not in settable]
-    if undeclared:   # papermill would inject them silently, and the notebook would ignore them
-        raise FusionError(f"experiment {Path(nb_path).stem!r} has no parameter {', '.join(map(repr, undeclared))}; "
-                          f"its parameters cell declares {', '.join(settable) or 'only profile and output_dir'}")
-    values = profile.params()
-    return {'profile': profile.name, **{k: values[k] for k in settable if k in values and k != 'name'}, **dict(overrides or {})}
-
-# %% ../../nbs/reproduce/92_runner.ipynb #fad6faf5
-def _sha(obj)->str: return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-# %% ../../nbs/reproduce/92_runner.ipynb #22a55cc7
-def notebook_hash(nb_path:str|Path)->str:
-    "Hash of a notebook's cells (type and source; outputs, ids and metadata do not count)."
-    return _sha([(c['cell_type'], ''.join(c['source'])) for c in read_notebook(nb_path)['cells']])
-
-# %% ../../nbs/reproduce/92_runner.ipynb #342cf9ad
-def package_hash(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
-                )->str:
-    "Hash of all the fusion_nb package's sources (the merge CLI's provenance; an experiment counts only its `code_fingerprint`)."
-    pkg = Path(pkg_dir or Path(fusion_nb.__file__).parent)
-    h = hashlib.sha256()
-    for f in sorted(pkg.rglob('*.py')):   # methods/, tiny/, reproduce/ too: their code makes the numbers
-        rel = f.relative_to(pkg).as_posix()
-        if rel == '_modidx.py' or '__pycache__' in rel: continue   # the docs index, not code
-        h.update(rel.encode()); h.update(f.read_bytes())
-    return h.hexdigest()
-
-# %% ../../nbs/reproduce/92_runner.ipynb #aa354019
-def hash_cache(profile:Profile)->Path:
-    "Where the runner keeps file hashes between runs: `<root>/data/cache/file_hashes` (git-ignored)."
-    return profile.root/'data'/'cache'/'file_hashes'
-
-# %% ../../nbs/reproduce/92_runner.ipynb #fbace80e
-def second_backbone_sources(profile:Profile)->list[str]:
-    "The second backbone's pretrained model and experts (paper 001's Table s6), when the profile names one."
-    from fusion_nb.neulig.second_backbone import backbone_profile, profile_backbones   # the one reader of its profile keys
-    if len(profile_backbones(profile)) < 2: return []
-    second = backbone_profile(profile, 1, build=False)
-    return [second.pretrained, *second.experts.values()]
-
-# %% ../../nbs/reproduce/92_runner.ipynb #c41e828a
-def data_fingerprint(profile:Profile)->dict:
-    "What the profile's local data is, by content: the built benchmark's files and those of other local sources."
-    out, built = {}, None
-    if profile.build:
-        from fusion_nb.tiny.build import benchmark_dir
-        built = benchmark_dir(profile.build, profile.root).resolve()
-        files = {f: h for f, h in file_hashes(built, hash_cache(profile)).items() if f != 'manifest.json'}
-        out['build'] = _sha(files) if files else 'not built'
-    for src in dict.fromkeys([profile.pretrained, *profile.experts.values(), *profile.datasets.values(), *second_backbone_sources(profile)]):
-        if not is_local(src): continue
-        p = Path(src)
-        if built is not None and p.resolve().is_relative_to(built): continue
-        files = file_hashes(p, hash_cache(profile))
-        out[src] = _sha(files) if files else 'missing'
-    return out
-
-# %% ../../nbs/reproduce/92_runner.ipynb #1cacadcf
-def experiment_inputs(nb_path:str|Path, # the experiment notebook
-                      params:dict, # its papermill parameters (`experiment_parameters`)
-                      profile:Profile|None=None, # the profile it runs for
-                     )->dict:
-    "What an experiment's outputs depend on, with their `hash`."
-    d = {'notebook': notebook_hash(nb_path), 'parameters': params, 'version': fusion_nb.__version__, 'code': code_fingerprint(nb_path)}
-    if profile is not None:
-        d['profile'] = {k: v for k, v in vars(profile).items() if k not in ('root', 'raw', *PLACEMENT_KEYS)}   # not where it ran; `raw` repeats the keys as written
-        d['data'] = data_fingerprint(profile)
-    d['hash'] = _sha(d)
-    return d
 
 # %% ../../nbs/reproduce/92_runner.ipynb #dcacd13f
 @contextlib.contextmanager
@@ -617,20 +405,6 @@ def prepare_logged(profile:Profile, # the profile about to run
     log(f"[{what}] ready after {time.time() - t0:.0f} s")
     return profile
 
-# %% ../../nbs/reproduce/92_runner.ipynb #a57c9864
-def profile_experiments(profile:Profile, # a loaded profile (its `experiments` key)
-                        only:Sequence[str]|None=None, # wanted ones, as for `select_experiments` (default: all the profile runs)
-                       )->list[str]:
-    "The experiments to run: `only` (or all) among those the profile's `experiments` key names (empty key: every notebook)."
-    everything = list_experiments(profile.root)
-    try: own = select_experiments(everything, profile.experiments or None)
-    except UnknownNameError as e: raise FusionError(f"profile {profile.name!r}, key experiments: {e}") from None
-    wanted = select_experiments(everything, only)
-    if only is not None and (outside := [n for n in wanted if n not in own]):
-        raise FusionError(f"profile {profile.name!r} does not run {', '.join(outside)} (its experiments: {', '.join(own)}; "
-                          "key experiments in settings.ini)")
-    return [n for n in wanted if n in own]
-
 # %% ../../nbs/reproduce/92_runner.ipynb #e1dd9e29
 def reproduce(profile:str|None=None, # profile name (default: tiny)
               only:Sequence[str]|None=None, # experiment names (default: all), see `select_experiments`
@@ -757,103 +531,3 @@ def sweep(notebook:str, # the experiment: name, unique prefix or notebook path
     log(f"sweep of {name}: {len(points)} point(s), {counts['ok']} ran, {counts['skipped']} up to date, {counts['failed']} failed; "
         f"merged results: {merged or '(none)'}")
     return status
-
-# %% ../../nbs/reproduce/92_runner.ipynb #f435fe86
-def _add_backend_options(p:argparse.ArgumentParser)->None:
-    p.add_argument('--backend', choices=BACKENDS, default='local',
-                   help='where experiments run: local (one after the other, here; default) or ray (Ray tasks asking for '
-                        "the profile's cpus_per_experiment/gpus_per_experiment; pip install 'fusion_nb[ray]')")
-    p.add_argument('--address', default=None, help='the Ray cluster to join (--backend ray; default: a local instance, or $RAY_ADDRESS); '
-                        'an address that does not answer fails within 10 s, one that is no Ray cluster within 60 s')
-
-# %% ../../nbs/reproduce/92_runner.ipynb #3c63224e
-def _add_sweep_parser(sub)->None:
-    s = sub.add_parser('sweep', help='run one experiment notebook over a grid of parameters; merge its results.csv')
-    s.add_argument('notebook', help='the experiment: name, unique prefix or notebook path')
-    s.add_argument('-p', '--param', nargs='+', action='append', required=True, metavar=('NAME', 'VALUE'),
-                   help='a parameter of the notebook and its values (repeat -p for a grid: every combination runs)')
-    s.add_argument('--profile', default='tiny', help='profile in settings.ini (default: tiny)')
-    s.add_argument('--force', action='store_true', help='rerun points whose inputs did not change')
-    s.add_argument('--output-root', default=None, help='where sweeps/<profile>/ goes (default: <project>/outputs)')
-    s.add_argument('--no-progress', action='store_true', help='no progress bars')
-    _add_backend_options(s)
-
-# %% ../../nbs/reproduce/92_runner.ipynb #2f2f3527
-def _sweep_main(a)->int:
-    grid = {}
-    for name, *values in a.param:
-        if not values: raise FusionError(f"-p {name}: give the parameter's values after its name (-p {name} V1 V2 ...)")
-        if name in grid: raise FusionError(f"-p {name} is given twice; list all its values after one -p")
-        grid[name] = values
-    status = sweep(a.notebook, grid, a.profile, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address)
-    failed = [p for p, s in status.items() if s == 'failed']
-    if failed:
-        print(f"fusion-nb: {len(failed)} sweep point(s) failed: {', '.join(failed)} (their <point>.failed.ipynb beside the "
-              "point folders says why); the merged results.csv leaves them out", file=sys.stderr)
-        return 1
-    return 0
-
-# %% ../../nbs/reproduce/92_runner.ipynb #3bd48ade
-def _parser()->argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog='fusion-nb', description='Reproduce the tables and figures of the fusion papers '
-                                 'by running the experiment notebooks (nbs/experiments) for a profile of settings.ini.')
-    sub = ap.add_subparsers(dest='cmd', required=True)
-    r = sub.add_parser('reproduce', help='run the experiment notebooks of a profile and write outputs/<profile>/REPORT.md')
-    r.add_argument('--profile', default='tiny', help='profile in settings.ini (default: tiny)')
-    r.add_argument('--only', nargs='+', action='extend', metavar='NAME',   # repeated --only adds up
-                   help='run only these experiments (names, unique prefixes or comma lists; may be repeated)')
-    r.add_argument('--force', action='store_true', help='rerun experiments whose inputs did not change')
-    r.add_argument('--output-root', default=None, help='where <profile>/ goes (default: <project>/outputs)')
-    r.add_argument('--no-progress', action='store_true', help='no progress bars')
-    _add_backend_options(r)
-    _add_sweep_parser(sub)
-    sub.add_parser('list', help='list profiles and experiments')
-    g = sub.add_parser('merge', help='merge models (any Hugging Face model with safetensors weights) as a YAML config says, '
-                       "this project's or mergekit's, and export them with a model card (fusion_nb.reproduce.merge_config)")
-    g.add_argument('config', help='the merge config (YAML; examples in examples/merge/)')
-    g.add_argument('-o', '--output', required=True, help='the folder to write (new, empty, or an earlier export)')
-    g.add_argument('--push-to-hub', metavar='OWNER/NAME', default=None, help='upload the folder to this hub repository afterwards')
-    g.add_argument('--device', default=None, help="where merging computes (cpu, cuda, auto), overriding the config's device")
-    g.add_argument('--no-progress', action='store_true', help='no progress bars')
-    return ap
-
-# %% ../../nbs/reproduce/92_runner.ipynb #6e6587b6
-def _list()->None:
-    root = project_root()
-    print(f"profiles (settings.ini; default tiny):")
-    for n in list_profiles():
-        try: d = load_profile(n).description
-        except FusionError as e: d = f"(invalid: {e})"
-        print(f"  {n:<16} {d}")
-    print(f"experiments ({experiments_dir(root)}, run in this order):")
-    for n in list_experiments(root):
-        try: title = experiment_title(experiments_dir(root)/f'{n}.ipynb')
-        except FusionError as e: title = f"(unreadable: {e})"   # listed, named; reproduce refuses it
-        print(f"  {n:<28} {title}")
-
-# %% ../../nbs/reproduce/92_runner.ipynb #76401369
-def main(argv:Sequence[str]|None=None)->int:
-    "Entry point of the `fusion-nb` console script; returns the exit status."
-    a = _parser().parse_args(argv)
-    try:
-        if a.cmd == 'list': _list(); return 0
-        if a.cmd == 'merge':
-            from fusion_nb.reproduce.merge_config import run_merge   # the merge methods load only for this command
-            run_merge(a.config, a.output, repo_id=a.push_to_hub, device=a.device, progress=not a.no_progress); return 0
-        if a.cmd == 'sweep': return _sweep_main(a)
-        status = reproduce(a.profile, a.only, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address)
-    except FusionError as e:
-        print(f"fusion-nb: error: {e}", file=sys.stderr); return 2
-    except KeyboardInterrupt:
-        print("fusion-nb: interrupted; finished experiments keep their outputs", file=sys.stderr); return 130
-    failed = [n for n, s in status.items() if s == 'failed']
-    if failed:
-        pdir = Path(a.output_root or project_root()/'outputs').resolve()/a.profile
-        print(f"fusion-nb: {len(failed)} experiment(s) failed: {', '.join(failed)}. See their executed notebooks "
-              f"({', '.join(str(pdir/f'{n}.failed.ipynb') for n in failed)}) and {pdir/'REPORT.md'}", file=sys.stderr)
-        return 1
-    return 0
-
-# %% ../../nbs/reproduce/92_runner.ipynb #cfb125f5
-if __name__ == '__main__' and '__file__' in globals(): raise SystemExit(main())   # not when a notebook kernel runs this cell
-
