@@ -416,7 +416,7 @@ def missing_sources(profile, # a fusion_nb.reproduce.profiles.Profile with datas
 # %% ../nbs/05_pools.ipynb #6ba342cb
 def check_sources(profile, # a fusion_nb.reproduce.profiles.Profile
                   tasks:Sequence[str], # the tasks about to be read
-                  *, hub_reachable:bool|None=None, # default: ask the hub (fusion_nb.reproduce.profiles.hub_reachable)
+                  *, hub_reachable:bool|None=None, # default: ask the hub (fusion_nb.checkpoints.hub_reachable)
                  )->None:
     "Raise one FusionError naming every dataset of `tasks` that a hub profile cannot read, and how to provide it."
     if not profile.hub: return   # tiny / micro: prepare() builds the data

@@ -98,7 +98,7 @@ def load_paper_values(root:str|Path|None=None, # project root (default: the one 
 # %% ../../nbs/reproduce/91_reports.ipynb #01a5104e
 class _RowLabels(Mapping):
     "Row name → label as tables print it: a declared method's `label`, or one of the rows that are not methods."
-    NOT_METHODS = {'pretrained': 'Pre-trained', 'finetuned': 'Fine-tuned (STL)'}
+    NOT_METHODS = {'pretrained': 'Pre-trained', 'finetuned': 'Fine-tuned (STL)', 'uq_merge': 'UQ-Merge (ours)'}   # UQ-Merge: paper 004's selection, then a merge
     def _methods(self):
         import fusion_nb.merge  # importing it declares every method
         return fusion_nb.merge.MERGE_METHODS
