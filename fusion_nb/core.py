@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #e6bb2da9
 from __future__ import annotations
-import contextlib, difflib, hashlib, json, os, random, re, shutil, tempfile, threading, time
+import ast, contextlib, difflib, hashlib, inspect, json, os, random, re, shutil, tempfile, threading, time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -17,7 +17,8 @@ import torch
 __all__ = ['PROGRESS_MODES', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError',
            'HyperparameterError', 'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype',
            'current_umask', 'honour_umask', 'remove_stale_temps', 'atomic_write', 'atomic_write_text', 'atomic_dir',
-           'file_hashes', 'cached_builds', 'progress_mode', 'heartbeat', 'project_root', 'check_known_keys']
+           'file_hashes', 'cached_builds', 'progress_mode', 'heartbeat', 'project_root', 'check_known_keys',
+           'json_digest', 'code_digest']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -329,3 +330,21 @@ def check_known_keys(given:Mapping, # the keys given (a dict, or any iterable of
         close = difflib.get_close_matches(str(k), list(known), n=1)
         raise FusionError(f"{where}unknown key {k!r}" + (f" (did you mean {close[0]!r}?)" if close else '')
                           + f"; known keys: {', '.join(known)}")
+
+# %% ../nbs/00_core.ipynb #aa7ec23c
+def json_digest(obj)->str:
+    "The sha256 of `obj` as sorted JSON (what is not JSON: its `str`)."
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+# %% ../nbs/00_core.ipynb #9b5c9929
+def code_digest(*objects)->str:
+    "Digest of the code of modules or functions, blind to comments, docstrings' layout and where the module sits in the package."
+    trees = []
+    for o in objects:
+        tree = ast.parse(inspect.getsource(o))
+        for node in ast.walk(tree):  # `from ..core import x` and `from .core import x` are the same code
+            if isinstance(node, ast.ImportFrom): node.level, node.module = 0, (node.module or '').split('.')[-1]
+        if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(getattr(tree.body[0], 'value', None), ast.Constant):
+            tree.body = tree.body[1:]  # the module docstring names the notebook: not code
+        trees.append(ast.dump(tree))
+    return json_digest(trees)

@@ -238,11 +238,11 @@ ZOO_THREADS = 1  # torch threads while training the zoo (the weights depend on t
 def zoo_digest(recipe:Mapping)->str:
     "Digest of a zoo recipe (build_llava_zoo's arguments) with the code that turns it into weights."
     import fusion_nb.llava.model as llava_model, fusion_nb.llava.short_answers as sa, fusion_nb.llava.uncertainty as unc, fusion_nb.tiny.tasks as tiny_tasks
-    from fusion_nb.tiny.build import _code_digest
+    from fusion_nb.core import code_digest
     builds = [build_llava_zoo, _variant_examples, zoo_recipes, task_examples, class_order_items, permuted_labels, train_llava,
               instruction_examples, caption_examples, collate, supervised_example]   # what turns a recipe into weights
     blob = json.dumps({'recipe': dict(recipe), 'threads': ZOO_THREADS, 'torch': torch.__version__, 'prompts': [CAPTION_PROMPT, SHORT_QUESTION, SHORT_ANSWER_PROMPT],
-                       'code': _code_digest(*builds, llava_model, unc, tiny_tasks, sa.short_answer_items, sa.yes_no_items, sa.short_answer_messages)},
+                       'code': code_digest(*builds, llava_model, unc, tiny_tasks, sa.short_answer_items, sa.yes_no_items, sa.short_answer_messages)},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -53,17 +53,17 @@ def half_zoo_dir(root:str|Path|None, profile:str)->Path:
 # %% ../../nbs/neulig/72_half_zoo.ipynb #7da076fb
 def half_recipes(model_pool:ModelPool, task_pool:TaskPool, tasks:Sequence[str], budget:HalfZooBudget)->dict[str, str]:
     "'<task>_<half>' → digest of what that half expert depends on (a change means: fine-tune it again)."
-    from fusion_nb.tiny.build import _code_digest, _digest
+    from fusion_nb.core import code_digest, json_digest
     from fusion_nb.tiny import finetune
     weights = model_pool.model_dir/'model.safetensors'
     base = {'pretrained': file_hashes(weights)[weights.name] if weights.exists() else model_pool.pretrained, 'budget': asdict(budget),
-            'code': _code_digest(finetune, half_indices, finetune_half_expert)}
+            'code': code_digest(finetune, half_indices, finetune_half_expert)}
     out = {}
     for t in tasks:
         task = task_pool[t]
         train = task.load(split='train')
         data = {'fingerprint': train._fingerprint, 'n': len(train), 'classes': task.class_names, 'templates': task.templates}
-        for h in HALVES: out[f'{t}_{h}'] = _digest({**base, 'task': t, 'half': h, 'data': data})
+        for h in HALVES: out[f'{t}_{h}'] = json_digest({**base, 'task': t, 'half': h, 'data': data})
     return out
 
 # %% ../../nbs/neulig/72_half_zoo.ipynb #2f89f5e6

@@ -14,12 +14,12 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 import fusion_nb
-from ..core import FusionError, UnknownNameError, atomic_write_text, file_hashes, project_root
+from ..core import FusionError, UnknownNameError, atomic_write_text, code_digest, file_hashes, project_root
 from ..catalog import templates_for
 from ..evaluation import evaluate, zeroshot_head
 from ..pools import PRETRAINED, ModelPool, TaskPool
 from ..checkpoints import is_local, resolve_source
-from ..tiny.build import _CHILD, _code_digest, _library_bars, benchmark_dir, build_benchmark, build_threads, hash_cache_dir, recipes, run_in_child
+from ..tiny.build import _CHILD, _library_bars, benchmark_dir, build_benchmark, build_threads, hash_cache_dir, recipes, run_in_child
 from ..tiny.tasks import NEULIG_TASKS, vocabulary
 from ..tiny.zoo import ZooConfig, deterministic, finetune_expert, pretrain_clip, zoo_config
 
@@ -53,7 +53,7 @@ def second_backbone_recipe(scale:str, root:str|Path|None=None, seed:int=0, threa
             'zoo': dataclasses.asdict(second_backbone_config(scale)),
             'threads': threads, 'seed': seed, 'experts': NEULIG_TASKS, 'vocabulary': vocabulary(),
             'templates': {t: templates_for(t) for t in NEULIG_TASKS},
-            'code': _code_digest(clip_factory, finetune, tiny_zoo, zeroshot_head)}
+            'code': code_digest(clip_factory, finetune, tiny_zoo, zeroshot_head)}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 # %% ../../nbs/neulig/74_second_backbone.ipynb #5a42a577

@@ -16,7 +16,7 @@ import fusion_nb
 
 # %% auto #0
 __all__ = ['DATA_BUILDERS', 'read_notebook', 'import_graph', 'notebook_imports', 'code_fingerprint', 'notebook_parameters',
-           'experiment_parameters', 'json_sha256', 'notebook_hash', 'package_hash', 'hash_cache',
+           'experiment_parameters', 'json_digest', 'notebook_hash', 'package_hash', 'hash_cache',
            'second_backbone_sources', 'data_fingerprint', 'experiment_inputs']
 
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #cd6de840
@@ -136,14 +136,14 @@ def experiment_parameters(nb_path:str|Path, # the experiment notebook
     return {'profile': profile.name, **{k: values[k] for k in settable if k in values and k != 'name'}, **dict(overrides or {})}
 
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #fad6faf5
-def json_sha256(obj)->str:
+def json_digest(obj)->str:
     "The sha256 of `obj` as sorted JSON (what is not JSON: its str)."
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #22a55cc7
 def notebook_hash(nb_path:str|Path)->str:
     "Hash of a notebook's cells (type and source; outputs, ids and metadata do not count)."
-    return json_sha256([(c['cell_type'], ''.join(c['source'])) for c in read_notebook(nb_path)['cells']])
+    return json_digest([(c['cell_type'], ''.join(c['source'])) for c in read_notebook(nb_path)['cells']])
 
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #342cf9ad
 def package_hash(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's folder
@@ -178,13 +178,13 @@ def data_fingerprint(profile:Profile)->dict:
         from fusion_nb.tiny.build import benchmark_dir
         built = benchmark_dir(profile.build, profile.root).resolve()
         files = {f: h for f, h in file_hashes(built, hash_cache(profile)).items() if f != 'manifest.json'}
-        out['build'] = json_sha256(files) if files else 'not built'
+        out['build'] = json_digest(files) if files else 'not built'
     for src in dict.fromkeys([profile.pretrained, *profile.experts.values(), *profile.datasets.values(), *second_backbone_sources(profile)]):
         if not is_local(src): continue
         p = Path(src)
         if built is not None and p.resolve().is_relative_to(built): continue
         files = file_hashes(p, hash_cache(profile))
-        out[src] = json_sha256(files) if files else 'missing'
+        out[src] = json_digest(files) if files else 'missing'
     return out
 
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #1cacadcf
@@ -197,5 +197,5 @@ def experiment_inputs(nb_path:str|Path, # the experiment notebook
     if profile is not None:
         d['profile'] = {k: v for k, v in vars(profile).items() if k not in ('root', 'raw', *PLACEMENT_KEYS)}   # not where it ran; `raw` repeats the keys as written
         d['data'] = data_fingerprint(profile)
-    d['hash'] = json_sha256(d)
+    d['hash'] = json_digest(d)
     return d

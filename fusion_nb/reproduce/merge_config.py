@@ -285,16 +285,16 @@ def _hf_plan(raw:dict, m:MergeMethod, base, models:dict, own:dict, w:str)->HFMer
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #92226bf5
 def merge_inputs(cfg:MergeConfig)->dict:
     "What a merge's result depends on (config, models' content, data, code), with its `hash`."
-    from fusion_nb.reproduce.fingerprints import data_fingerprint, json_sha256, package_hash
+    from fusion_nb.reproduce.fingerprints import data_fingerprint, json_digest, package_hash
     from fusion_nb.reproduce.profiles import load_profile
     sources = {**({'base_model': cfg.base_model} if cfg.base_model else {}), **cfg.models}
     d = {'command': 'fusion-nb merge', 'config': cfg.raw,
          'resolved': dict(method=cfg.method.name, base_model=cfg.base_model, models=cfg.models, hyperparameters=cfg.hyperparameters,
                           dtype=cfg.dtype, device=cfg.device, profile=cfg.profile, output=cfg.output),
-         'models': {n: json_sha256(file_hashes(s)) if Path(s).is_dir() else s for n, s in sources.items()},
+         'models': {n: json_digest(file_hashes(s)) if Path(s).is_dir() else s for n, s in sources.items()},
          'version': fusion_nb.__version__, 'package': package_hash()}
     if cfg.profile: d['data'] = data_fingerprint(load_profile(cfg.profile))
-    d['hash'] = json_sha256(d)
+    d['hash'] = json_digest(d)
     return json.loads(json.dumps(d, default=str))
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #ec343b49
@@ -313,18 +313,18 @@ def _plain(v)->bool: return v is None or isinstance(v, (bool, int, float, str)) 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #8f7d09bf
 def hf_inputs(plan:HFMergePlan)->dict:
     "What a Hugging Face merge depends on: the config, each model's files (names, sizes, safetensors headers: not the weights' bytes), the code."
-    from fusion_nb.reproduce.fingerprints import json_sha256, package_hash
+    from fusion_nb.reproduce.fingerprints import json_digest, package_hash
     def fingerprint(src):
         d = resolve_model_dir(src)
         def head(f): 
             with open(f, 'rb') as h: n = int.from_bytes(h.read(8), 'little'); return hashlib.sha256(h.read(n)).hexdigest()
-        return json_sha256({f.name: [f.stat().st_size, head(f) if f.suffix == '.safetensors' else hashlib.sha256(f.read_bytes()).hexdigest()]
+        return json_digest({f.name: [f.stat().st_size, head(f) if f.suffix == '.safetensors' else hashlib.sha256(f.read_bytes()).hexdigest()]
                      for f in sorted(d.iterdir()) if f.is_file() and not f.name.startswith('.')})
     sources = {**({'base_model': plan.base_model} if plan.base_model else {}), **plan.models}
     d = {'command': 'fusion-nb merge', 'config': plan.raw, 'resolved': dict(method=plan.method.name, mergekit=plan.mergekit,
          base_model=plan.base_model, models=plan.models, out_dtype=plan.out_dtype, device=plan.device, output=plan.output),
          'models': {n: fingerprint(s) for n, s in sources.items()}, 'version': fusion_nb.__version__, 'package': package_hash()}
-    d['hash'] = json_sha256(d)
+    d['hash'] = json_digest(d)
     return json.loads(json.dumps(d, default=str))
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #03ac4fde

@@ -104,14 +104,14 @@ def advprop_model(folder:str|Path, # e.g. zoo_dir(root, profile, 'imagenet').wit
                   budget:ZooBudget=ZooBudget(), # the zoo's budget: width, epochs, batch size, rate, seed, threads
                   progress:bool=False)->nn.Module:
     "The stand-in's AdvProp model (main branch, a plain ConvNet in eval mode), trained if missing or stale."
-    from fusion_nb.tiny.build import _code_digest, _digest
+    from fusion_nb.core import code_digest, json_digest
     from fusion_nb.tiny.zoo import deterministic
     import fusion_nb.robust.advprop as me
     from fusion_nb.robust import attacks, models
     from fusion_nb.tiny import tasks
     if dataset not in STANDINS: raise UnknownNameError(f"unknown dataset {dataset!r}: expected one of {', '.join(STANDINS)}")
     folder, eps, steps = Path(folder), standin_eps(dataset, 'linf'), attack_budget(dataset, 'linf', 'train')['steps']   # App. A.1: 2 on ImageNet
-    recipe = _digest({'dataset': dataset, 'budget': asdict(budget), 'eps': eps, 'steps': steps, 'code': _code_digest(me, attacks, models, tasks)})   # the stand-in data and attack code too, as the zoo's recipes
+    recipe = json_digest({'dataset': dataset, 'budget': asdict(budget), 'eps': eps, 'steps': steps, 'code': code_digest(me, attacks, models, tasks)})   # the stand-in data and attack code too, as the zoo's recipes
     def build(name):
         x, y = standin(dataset, 'train', budget.n_train, budget.seed)
         seed_everything(budget.seed); m = dual_convnet(budget.width, STANDINS[dataset])

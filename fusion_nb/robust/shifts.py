@@ -115,12 +115,12 @@ def shifts_dir(root:str|Path|None, profile:str)->Path:
 def build_shifts(folder:str|Path, n_adapt:int=1000, n_test:int=1000, c_images:int=10, seed:int=0,
                  names:Sequence[str]=tuple(SHIFTS), progress:bool=True)->Path:
     "Render the adapt and test splits of every shift into `folder` (skipped when its recipe is unchanged)."
-    from fusion_nb.tiny.build import _code_digest, _digest
+    from fusion_nb.core import code_digest, json_digest
     from fusion_nb.tiny import corruptions
     from tqdm.auto import tqdm
     folder = Path(folder); names = [_check_shift(n) for n in names]
-    recipe = _digest({'n_adapt': n_adapt, 'n_test': n_test, 'c_images': c_images, 'seed': seed, 'real_second': REAL_SECOND,
-                      'code': _code_digest(T, corruptions, shift_split, _rows, real_scene, conflict_scene)})
+    recipe = json_digest({'n_adapt': n_adapt, 'n_test': n_test, 'c_images': c_images, 'seed': seed, 'real_second': REAL_SECOND,
+                      'code': code_digest(T, corruptions, shift_split, _rows, real_scene, conflict_scene)})
     man = json.loads((folder/'manifest.json').read_text()) if (folder/'manifest.json').exists() else {}
     done = {n for n in man.get('shifts', []) if man.get('recipe') == recipe and (folder/n/'dataset_dict.json').exists()}
     if set(names) <= done: return folder

@@ -118,18 +118,18 @@ def zoo_dir(root:str|Path|None, profile:str, dataset:str)->Path:
 
 # %% ../../nbs/robust/53_zoo.ipynb #58140fc0
 def _recipes(dataset, specs, b:ZooBudget)->dict[str, str]:
-    from fusion_nb.tiny.build import _code_digest, _digest
+    from fusion_nb.core import code_digest, json_digest
     from fusion_nb.robust import attacks, models
     from fusion_nb.tiny import tasks
     names = [s.name for s in specs]
     if len(set(names)) < len(names): raise HyperparameterError(f"a model is declared twice in {names}")
     # the radii are part of the recipe: standin_eps is not in the digested code
     base = {'dataset': dataset, 'budget': asdict(b), 'eps': {n: standin_eps(dataset, n) for n in NORMS},
-            'code': _code_digest(attacks, models, tasks, train_model, peak_lr)}
+            'code': code_digest(attacks, models, tasks, train_model, peak_lr)}
     out = {}
     for s in specs:
         if s.start is not None and s.start not in out: raise HyperparameterError(f"{s.name!r} starts from {s.start!r}, which is not declared before it")
-        out[s.name] = _digest({**base, 'spec': asdict(s), 'start': out.get(s.start)})
+        out[s.name] = json_digest({**base, 'spec': asdict(s), 'start': out.get(s.start)})
     return out
 
 # %% ../../nbs/robust/53_zoo.ipynb #f0194a85

@@ -15,7 +15,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core import FusionError, HyperparameterError, atomic_write_text, file_hashes, get_device, project_root
+from ..core import (FusionError, HyperparameterError, atomic_write_text, code_digest, file_hashes, get_device, json_digest,
+                            project_root)
 from ..catalog import templates_for
 from .tasks import EIGHT_TASKS, SCALES, TASKS, build_datasets, vocabulary
 from .zoo import EXPERT_TASKS, deterministic, finetune_expert, pretrain_clip, zoo_config
@@ -40,22 +41,6 @@ def _sha256(path:Path)->str:
         for block in iter(lambda: f.read(1 << 20), b''): h.update(block)
     return h.hexdigest()
 
-# %% ../../nbs/tiny/15_build.ipynb #aa7ec23c
-def _digest(obj)->str: return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
-
-# %% ../../nbs/tiny/15_build.ipynb #9b5c9929
-def _code_digest(*objects)->str:
-    "Digest of the code of modules or functions, blind to comments, docstrings' layout and where the module sits in the package."
-    trees = []
-    for o in objects:
-        tree = ast.parse(inspect.getsource(o))
-        for node in ast.walk(tree):  # `from ..core import x` and `from .core import x` are the same code
-            if isinstance(node, ast.ImportFrom): node.level, node.module = 0, (node.module or '').split('.')[-1]
-        if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(getattr(tree.body[0], 'value', None), ast.Constant):
-            tree.body = tree.body[1:]  # the module docstring names the notebook: not code
-        trees.append(ast.dump(tree))
-    return _digest(trees)
-
 # %% ../../nbs/tiny/15_build.ipynb #a855e244
 def _versions()->dict:
     import datasets, torch, transformers
@@ -71,14 +56,14 @@ def recipes(scale:str, seed:int=0, threads:int=2)->dict[str, str]:
     "Digests of what the datasets and the zoo of `scale` depend on (a change means: rebuild)."
     from fusion_nb.tiny import clip_factory, finetune, tasks as tiny_tasks, zoo as tiny_zoo
     from fusion_nb.evaluation import zeroshot_head
-    data = _digest({'scale': scale, 'seed': seed, 'sizes': SCALES[scale], 'classes': {t: list(s.classnames) for t, s in TASKS.items()},
-                    'code': _code_digest(tiny_tasks)})
-    zoo = _digest({'data': data, 'zoo': asdict(zoo_config(scale)), 'threads': threads, 'experts': EXPERT_TASKS,
+    data = json_digest({'scale': scale, 'seed': seed, 'sizes': SCALES[scale], 'classes': {t: list(s.classnames) for t, s in TASKS.items()},
+                    'code': code_digest(tiny_tasks)})
+    zoo = json_digest({'data': data, 'zoo': asdict(zoo_config(scale)), 'threads': threads, 'experts': EXPERT_TASKS,
                    'vocabulary': vocabulary(), 'templates': {t: templates_for(t) for t in EXPERT_TASKS},
-                   'code': _code_digest(clip_factory, finetune, tiny_zoo, zeroshot_head)})
+                   'code': code_digest(clip_factory, finetune, tiny_zoo, zeroshot_head)})
     from fusion_nb.tiny import corruptions
-    corrupted = _digest({'data': data, 'tasks': ROBUSTNESS_TASKS, 'corruptions': ROBUSTNESS_CORRUPTIONS,
-                         'severity': CORRUPTION_SEVERITY, 'code': _code_digest(corruptions)})
+    corrupted = json_digest({'data': data, 'tasks': ROBUSTNESS_TASKS, 'corruptions': ROBUSTNESS_CORRUPTIONS,
+                         'severity': CORRUPTION_SEVERITY, 'code': code_digest(corruptions)})
     return {'data': data, 'zoo': zoo, 'corruptions': corrupted}
 
 # %% ../../nbs/tiny/15_build.ipynb #baaa64f7
