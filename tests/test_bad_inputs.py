@@ -222,18 +222,18 @@ def test_cli_bad_input(case, settings, args, status, parts, tmp_path):
 # named test exists and still asserts that fragment. Items 2, 6, 7, 11, 12, 13 and 15 are rows or tests of this file.
 ELSEWHERE_26 = [
     ('1: merge_llava into a folder with a user\'s notes.txt and sub/', 'nbs/llava/62_uq_merge.ipynb', 'issue 26.1', 'holds notes.txt, sub'),
-    ('3: uq_merge\'s out_dir/merged/ holding a user\'s file', 'tests/test_llava.py',
+    ('3: uq_merge\'s out_dir/merged/ holding a user\'s file', 'tests/llava/test_llava.py',
      'test_uq_merge_never_deletes_a_users_files_in_out_dir_merged', 'merged/notes.txt, which uq_merge did not write'),
-    ('4: float16 export past 65504 (inf after the cast)', 'tests/test_export.py', 'test_float16_overflow_is_refused_after_the_cast',
+    ('4: float16 export past 65504 (inf after the cast)', 'tests/reproduce/test_export.py', 'test_float16_overflow_is_refused_after_the_cast',
      "holds \\d+ NaN/Inf value\\(s\\) in torch.float16"),
-    ('5: attack step_size < 0, topk outside (0, 1]', 'tests/test_attacks.py', 'issue 26 item 5', 'topk=0 is out of range'),
-    ('8: scaling_factor 1e39 overflows float32', 'tests/test_merge_cli.py', 'issue 26.8', 'merges compute in float32'),
-    ('9: --backend ray --address 127.0.0.1:1 hung', 'tests/test_ray.py', 'test_an_unreachable_address_fails_in_time_naming_it',
+    ('5: attack step_size < 0, topk outside (0, 1]', 'tests/robust/test_attacks.py', 'issue 26 item 5', 'topk=0 is out of range'),
+    ('8: scaling_factor 1e39 overflows float32', 'tests/reproduce/test_merge_cli.py', 'issue 26.8', 'merges compute in float32'),
+    ('9: --backend ray --address 127.0.0.1:1 hung', 'tests/reproduce/test_ray.py', 'test_an_unreachable_address_fails_in_time_naming_it',
      'cannot reach the Ray cluster at'),
-    ('10: n_train % batch_size == 1 in counterfactual fine-tuning', 'tests/test_masking.py', 'test_one_image_last_batch_fine_tunes',
+    ('10: n_train % batch_size == 1 in counterfactual fine-tuning', 'tests/masking/test_masking.py', 'test_one_image_last_batch_fine_tunes',
      'the one-image step: no counterfactual term'),
-    ('13: method: neulig in a merge config trained, then failed', 'tests/test_merge_cli.py', 'issue 26.13', 'neulig cannot be merged into one model'),
-    ('14: model.safetensors mode 0600', 'tests/test_export.py', 'test_saved_files_honour_the_umask', 'oct(0o644)'),
+    ('13: method: neulig in a merge config trained, then failed', 'tests/reproduce/test_merge_cli.py', 'issue 26.13', 'neulig cannot be merged into one model'),
+    ('14: model.safetensors mode 0600', 'tests/reproduce/test_export.py', 'test_saved_files_honour_the_umask', 'oct(0o644)'),
 ]
 
 @pytest.mark.parametrize('item, path, test, fragment', ELSEWHERE_26, ids=[i[0][:40] for i in ELSEWHERE_26])

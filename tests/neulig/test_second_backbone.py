@@ -20,7 +20,7 @@ from fusion_nb.neulig.second_backbone import (SECOND_BACKBONE, backbone_accuracy
                                             build_second_backbone, profile_backbones, second_backbone_dir)
 from fusion_nb.tiny.tasks import NEULIG_TASKS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHAPE = ('hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads')
 
 def project_copy(root:Path)->Path:

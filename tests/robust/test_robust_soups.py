@@ -12,7 +12,7 @@ from fusion_nb.core import HyperparameterError, IncompatibleModelsError, Unknown
 from fusion_nb.methods.soups import affine_grid, weighted_average
 from fusion_nb.robust.soups import SoupKitchen, evaluate_soups
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 def net(seed=0, width=6):
     torch.manual_seed(seed)

@@ -18,7 +18,7 @@ from fusion_nb.robust.models import convnet
 from fusion_nb.robust.paper_data import CIFAR10_CLASSES, CUE_CONFLICT_TO_IMAGENET, IMAGENET_C_CORRUPTIONS, classification_set, shift_set
 from fusion_nb.robust.zoo import zoo_specs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 rng = np.random.default_rng(0)
 def image(h=40, w=30): return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
 

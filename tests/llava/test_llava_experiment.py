@@ -11,7 +11,7 @@ from fusion_nb.llava.uncertainty import model_uncertainty
 from fusion_nb.llava.uq_merge import draw_selections, merge_llava
 from fusion_nb.llava.zoo import ZOO, llava_zoo, zoo_benchmark
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METHODS = ['dare_task_arithmetic', 'della', 'weighted_average', 'ties_merging', 'task_arithmetic', 'model_stock']
 
 @pytest.fixture(scope='module')

@@ -12,7 +12,7 @@ from fusion_nb.pools import ModelPool, TaskPool, PRETRAINED
 from fusion_nb.reproduce.profiles import load_profile, prepare
 from fusion_nb.tiny.tasks import NEULIG_TASKS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):

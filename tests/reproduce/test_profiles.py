@@ -113,7 +113,7 @@ def test_budget_keys_stay_accepted_and_match_the_methods():
     from fusion_nb.reproduce.profiles import BUDGET_KEYS
     assert set(FUSION_SETTINGS) == BUDGET_KEYS
     assert load_profile('tiny', adamerging_steps=7, wemoe_lr=1e-3).extra['adamerging_steps'] == '7'
-    header = (Path(__file__).parents[1]/'settings.ini').read_text().split('[DEFAULT]')[0]
+    header = (Path(__file__).parents[2]/'settings.ini').read_text().split('[DEFAULT]')[0]
     assert all(k in header for k in BUDGET_KEYS)
 
 def test_non_utf8_settings_and_reserved_name(tmp_path):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import nbformat
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SETTINGS = "[DEFAULT]\ntasks = a\n[demo]\ndescription = scratch\npretrained = ./m\nexpert_template = ./m_{task}\ndataset_template = ./d/{task}\n"
 
 def test_a_run_without_terminal_writes_lines_not_bars(tmp_path):

@@ -232,11 +232,11 @@ def test_paper_003_profiles_parse_and_fail_at_once_offline(tmp_path, name, model
     assert p.tasks == ['imagenet', 'imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a'] and p.hub and p.pretrained == model
     assert p.datasets['imagenet'] == 'ILSVRC/imagenet-1k' and p.class_names == 'catalog' and p.extra['soup_ingredients'] == ''
     assert evaluation_splits(p.tasks, p.test_split, p.extra['test_splits'])['imagenet'] == 'validation'
-    before = sorted((Path(__file__).parents[1]/'outputs'/name).rglob('*'))   # a checkout may hold earlier runs
+    before = sorted((Path(__file__).parents[2]/'outputs'/name).rglob('*'))   # a checkout may hold earlier runs
     r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; raise SystemExit(main(sys.argv[1:]))',
                         'reproduce', '--profile', name, '--only', '30', '31'],
                        env={**{k: v for k, v in os.environ.items() if k != 'FUSION_NB_ROOT'}, 'HF_HUB_OFFLINE': '1', 'HF_HOME': str(tmp_path)},
-                       capture_output=True, text=True, cwd=Path(__file__).parents[1])
+                       capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert r.returncode == 2, r.stderr
     import torch
     if not torch.cuda.is_available():   # the device is checked first (issue 27): a machine without a GPU is told that
@@ -247,7 +247,7 @@ def test_paper_003_profiles_parse_and_fail_at_once_offline(tmp_path, name, model
         # the folders no hub gives: the message says how to write them (as the notebooks' check_sources does)
         assert 'dataset.objectnet = ' in r.stderr and 'fusion_nb.pools.save_image_folders' in r.stderr, r.stderr
     # at once: no experiment started, nothing written (a time limit would be a timed test, and flaky under load)
-    assert 'running' not in r.stdout and sorted((Path(__file__).parents[1]/'outputs'/name).rglob('*')) == before
+    assert 'running' not in r.stdout and sorted((Path(__file__).parents[2]/'outputs'/name).rglob('*')) == before
 
 def random_openai_clip(w=32, p=4, grid=2, e=16):
     "A random OpenAI-layout CLIP state dict (one block per tower), its generator and sizes: the converter tests' input."

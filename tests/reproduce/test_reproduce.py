@@ -178,11 +178,11 @@ def test_cli(project):
 
 def test_paper_profile_offline_fails_at_once(tmp_path):
     "The real clip-vit-b32 profile, no hub and empty caches: exit 2 before any experiment starts, saying what to do."
-    before = sorted((Path(__file__).parents[1]/'outputs'/'clip-vit-b32').rglob('*'))   # a checkout may hold earlier runs
+    before = sorted((Path(__file__).parents[2]/'outputs'/'clip-vit-b32').rglob('*'))   # a checkout may hold earlier runs
     r = subprocess.run([sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; raise SystemExit(main(sys.argv[1:]))',
                         'reproduce', '--profile', 'clip-vit-b32'],
                        env={**{k: v for k, v in os.environ.items() if k != 'FUSION_NB_ROOT'}, 'HF_HUB_OFFLINE': '1', 'HF_HOME': str(tmp_path)},
-                       capture_output=True, text=True, cwd=Path(__file__).parents[1])
+                       capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert r.returncode == 2, r.stderr
     import torch
     if torch.cuda.is_available():
@@ -190,7 +190,7 @@ def test_paper_profile_offline_fails_at_once(tmp_path):
     else:   # its device is checked first (issue 27): without a GPU nothing at paper scale runs here, hub or not
         assert "profile 'clip-vit-b32': device 'cuda' requested but CUDA is not available" in r.stderr
     # at once: no experiment started and nothing written (prepare() itself is checked in test_profiles)
-    assert 'running' not in r.stdout and sorted((Path(__file__).parents[1]/'outputs'/'clip-vit-b32').rglob('*')) == before
+    assert 'running' not in r.stdout and sorted((Path(__file__).parents[2]/'outputs'/'clip-vit-b32').rglob('*')) == before
 
 def test_individual_experiment_through_the_runner(micro_project, tmp_path):
     "The real 00_individual notebook, run by the runner on the micro test project: table, figure, report, skip."
@@ -391,7 +391,7 @@ def test_every_profile_injects_values_of_the_declared_types():
     import ast
     from fusion_nb.reproduce.fingerprints import experiment_parameters, notebook_parameters
     from fusion_nb.reproduce.profiles import list_profiles, load_profile
-    repo = Path(__file__).parents[1]
+    repo = Path(__file__).parents[2]
     notebooks = sorted((repo/'nbs'/'experiments').glob('*.ipynb'))
     checked = 0
     for name in list_profiles(repo/'settings.ini'):
@@ -411,7 +411,7 @@ def test_papermill_reads_every_parameter_of_every_experiment():
     "A parameter papermill cannot parse (e.g. '=' in its comment) is never injected: the runner would ignore the profile's value."
     import ast
     from fusion_nb.reproduce.fingerprints import notebook_parameters
-    for nb in sorted((Path(__file__).parents[1]/'nbs'/'experiments').glob('*.ipynb')):
+    for nb in sorted((Path(__file__).parents[2]/'nbs'/'experiments').glob('*.ipynb')):
         cell = next(c for c in json.loads(nb.read_text())['cells'] if 'parameters' in c['metadata'].get('tags', []))
         assigned = [t.id for n in ast.parse(''.join(cell['source'])).body if isinstance(n, ast.Assign) for t in n.targets]
         assert list(notebook_parameters(nb)) == assigned, nb.name

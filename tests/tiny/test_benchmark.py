@@ -10,7 +10,7 @@ from fusion_nb.tiny.build import ROBUSTNESS_CORRUPTIONS, ROBUSTNESS_TASKS, build
 from fusion_nb.checkpoints import vision_state_dict
 from fusion_nb.tiny.tasks import EIGHT_TASKS, SCALES, TASKS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope='module')
 def project(tmp_path_factory):

@@ -13,7 +13,7 @@ from fusion_nb.reproduce.profiles import load_profile, resolved_revisions
 from fusion_nb.reproduce.runner import reproduce
 from test_reproduce import SETTINGS, project   # the scratch project of the runner's tests
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope='module')
 def pools(micro_project):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-CSV = Path(__file__).resolve().parents[1]/'data'/'paper_values'/'paper002.csv'
+CSV = Path(__file__).resolve().parents[2]/'data'/'paper_values'/'paper002.csv'
 SHIFTS = ['imagenet', 'imagenet_real', 'imagenet_v2', 'imagenet_a', 'imagenet_r', 'imagenet_sketch', 'conflict_stimuli', 'imagenet_c']
 TABLE1 = ['nominal_training', 'adversarial_training', 'mae_b16', 'advprop', 'pyramid_at', 'indep_networks_ensemble',
           'individual_networks_ensemble', 'single_soup', 'dataset_specific_soups']

@@ -13,7 +13,7 @@ from fusion_nb.methods.adamerging import layer_wise_adamerging
 from fusion_nb.methods.we_moe import weight_ensembling_moe
 from fusion_nb.methods.data import MergeData
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 def run_nb(tmp_path, name, *params):
     out = tmp_path/name

@@ -17,7 +17,7 @@ from fusion_nb.reproduce.merge_config import load_merge_config, run_merge
 from fusion_nb.reproduce.cli import main
 from fusion_nb.tiny.build import build_benchmark
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO/'examples'/'merge'
 
 @pytest.fixture(scope='module')

@@ -13,7 +13,7 @@ from fusion_nb.robust.models import convnet
 from fusion_nb.robust.shifts import SHIFTS, shift_tensors, shifts_dir
 from fusion_nb.robust.zoo import load_zoo, standin, standin_attacks, zoo_dir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 def run_nb(tmp_path, name, *params):
     out = tmp_path/name

@@ -151,7 +151,7 @@ def test_experiment_40_paper_profile_fails_first_on_its_sets(tmp_path):
     "Experiment 40 on the paper profile, offline: the first error is the one naming all twelve sets (before the model, device or fine-tunes)."
     import os, subprocess, sys
     from pathlib import Path
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     args = [sys.executable, '-m', 'papermill', str(repo/'nbs'/'experiments'/'40_uq_merge.ipynb'), str(tmp_path/'run.ipynb'),
             '-k', 'python3', '-p', 'profile', 'llava-1.5-7b', '-p', 'output_dir', str(tmp_path/'out')]
     env = {**os.environ, 'FUSION_NB_ROOT': str(repo), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(repo), 'HF_DATASETS_CACHE': str(tmp_path/'empty_cache')}
@@ -169,7 +169,7 @@ def test_experiment_40_paper_branch_runs_on_local_sets(tmp_path):
     from fusion_nb.llava.zoo import ZOO, llava_zoo
     from fusion_nb.llava.model import load_llava
     from fusion_nb.llava.uncertainty import answer_accuracy
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     P = load_profile('micro', settings=repo/'settings.ini')
     steps, examples = (list(map(int, P.extra[k].split())) for k in ('llava_zoo_steps', 'llava_zoo_examples'))
     recipe = dict(ZOO) | dict(zip(['pretrain_steps', 'general_steps', 'tune_steps'], steps)) | dict(zip(['n_captions', 'n_general', 'n_train'], examples))

@@ -27,7 +27,7 @@ def test_multi_task_table_all_rows(micro_project, tmp_path):
     table = pd.read_csv(out/'table.csv', index_col=0)
     assert list(table.index) == ['Pre-trained', 'Fine-tuned (STL)', 'Simple Averaging', 'Task Arithmetic', 'Ties-Merging',
                                  'DARE (TA)', 'DELLA', 'Model Stock']
-    # each method's own ensemble (paper 001's Ens.) and gap; tests/test_merge_vs_ensemble.py checks the numbers
+    # each method's own ensemble (paper 001's Ens.) and gap; tests/neulig/test_merge_vs_ensemble.py checks the numbers
     gap = abs(table.loc['Simple Averaging', 'Avg.'] - table.loc['Simple Averaging', 'Ens. (Avg.)'])
     assert table.loc['Simple Averaging', 'Gap (Avg.)'] == pytest.approx(gap)
     assert (out/'average_accuracy.png').exists()
@@ -62,7 +62,7 @@ def test_every_evaluation_takes_the_profiles_autocast():
     import json, re
     from pathlib import Path
     calls = []
-    for nb in sorted(Path(__file__).parents[1].glob('nbs/experiments/*.ipynb')):
+    for nb in sorted(Path(__file__).parents[2].glob('nbs/experiments/*.ipynb')):
         for c in json.loads(nb.read_text())['cells']:
             src = ''.join(c['source'])
             # direct calls, and the keyword dicts (`EVAL = dict(...)`) that calls splat in
@@ -70,7 +70,7 @@ def test_every_evaluation_takes_the_profiles_autocast():
                 if 'max_samples=P.max_test_samples' in m.group(0): calls.append((nb.name, m.group(0)))
     assert len(calls) >= 6
     # paper 003's evaluations on the test sets (30, 31) take the whole test set or max_test_samples when loading it
-    for nb in sorted(Path(__file__).parents[1].glob('nbs/experiments/3*.ipynb')):
+    for nb in sorted(Path(__file__).parents[2].glob('nbs/experiments/3*.ipynb')):
         for c in json.loads(nb.read_text())['cells']:
             calls += [(nb.name, m.group(0)) for m in re.finditer(r'\b(evaluate_id_ood|feature_drift)\((?:[^()]|\([^()]*\))*\)', ''.join(c['source']))]
     assert {n for n, c in calls if 'evaluate_id_ood' in c} == {'30_masked_images.ipynb', '31_masked_images_comparison.ipynb'}

@@ -16,7 +16,7 @@ from fusion_nb.reproduce import export
 from fusion_nb.reproduce.export import export_model, model_card, push_to_hub
 from fusion_nb.tiny.build import build_benchmark
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TASKS = ('mnist', 'svhn', 'eurosat')
 
 @pytest.fixture(scope='module')
