@@ -284,7 +284,7 @@ class Hyper:
         return value
 
 
-# %% ../../nbs/methods/20_registry.ipynb #8d3cb139
+# %% ../../nbs/methods/20_registry.ipynb #f0d079fa
 RULE_RUNTIME = ('info', 'runtime')  # what a rule takes besides its hyperparameters (each only if it names it)
 FUSE_RUNTIME = ('data', 'progress', 'check', 'device')  # what a fuse takes besides its hyperparameters
 
@@ -311,7 +311,7 @@ def signature_hypers(fn:Callable, # a rule or fuse: (pretrained, experts, <hyper
         out[p.name] = replace(declared[p.name], default=p.default, doc=docs.get(p.name) or declared[p.name].doc)
     return out
 
-# %% ../../nbs/methods/20_registry.ipynb #684bd67c
+# %% ../../nbs/methods/20_registry.ipynb #04708ff7
 def _legacy(fn, hypers)->bool:
     "A declaration of the old form: defaults in the Hypers, a rule reading `hp[...]` (issue 23 converts them all)."
     return 'hp' in inspect.signature(fn).parameters or any(h.default is not NO_DEFAULT for h in hypers.values())
@@ -381,13 +381,13 @@ def _check_inputs(m:MergeMethod, pretrained, experts)->tuple:
 # %% ../../nbs/methods/20_registry.ipynb #857b900e
 def _plain(v)->bool: return isinstance(v, (int, float, str, bool, type(None))) or (isinstance(v, (list, dict)) and len(str(v)) < 500)
 
-# %% ../../nbs/methods/20_registry.ipynb #ca6039b7
+# %% ../../nbs/methods/20_registry.ipynb #ea001a30
 def _accepted(fn, **runtime)->dict:
     "The runtime arguments `fn` names (a rule or fuse takes only those it uses)."
     ps = inspect.signature(fn).parameters
     return {k: v for k, v in runtime.items() if k in ps}
 
-# %% ../../nbs/methods/20_registry.ipynb #25b91079
+# %% ../../nbs/methods/20_registry.ipynb #165dc786
 @patch
 def merge_tensor_fn(self:MergeMethod, pretrained, # θ₀ (checked), or None
                     experts:dict, # name → state dict (checked)
