@@ -188,15 +188,16 @@ def adamerging(pretrained:Mapping, # θ₀
                *,
                data:MergeData|None=None, # heads and unlabelled test streams (not needed with `coefficients`)
                granularity:str='layer', # 'task' (one λ per task) or 'layer' (one per task and tensor)
-               init:float=0.3, # initial coefficient (paper 000)
-               steps:int=1000, # Adam steps (paper 000: 1000)
-               lr:float=1e-3, # Adam learning rate (paper 000: 1e-3)
-               batch_size:int=16, # unlabelled test images per task per step (paper 000: 16)
+               init:float=0.3, # initial coefficient
+               steps:int=1000, # Adam steps
+               lr:float=1e-3, # Adam learning rate
+               batch_size:int=16, # unlabelled test images per task per step
                tasks:Sequence[str]|None=None, # tasks adapted on (default: the experts'; generalisation runs pass the seen ones)
-               clamp:bool=False, # clamp to [0, 1] (FusionBench: off)
+               clamp:bool=False, # clamp the coefficients to [0, 1] after every step (the original AdaMerging does; FusionBench does not)
                coefficients:str|Path|Tensor|None=None, # learned coefficients (tensor or file): merge without training
                save_to:str|Path|None=None, # save the learned coefficients here (safetensors)
-               seed:int=0, progress:bool=True, check:bool=True, device=None,
+               seed:int=0, # seed of the test batches
+               progress:bool=True, check:bool=True, device=None,
               )->MergedStateDict:
     "Task arithmetic with coefficients learned by test-time entropy minimisation (or loaded)."
     st = StackedTaskVectors(pretrained, experts, device=device or (data.device if data is not None else None), check=check)
@@ -216,17 +217,16 @@ def adamerging(pretrained:Mapping, # θ₀
 
 
 # %% ../../nbs/methods/33_adamerging.ipynb #fab7ed79
-ADAMERGING_HYPERS = {
-    'init': Hyper(0.3, 'initial coefficient', "paper 000 (FusionBench's init_values 0.3)", float),
-    'steps': Hyper(1000, 'Adam steps', 'paper 000 (1000; the original AdaMerging runs 500)', int, interval='[0, inf)'),
-    'lr': Hyper(1e-3, 'Adam learning rate', 'paper 000', float, interval='(0, inf)'),
-    'batch_size': Hyper(16, 'unlabelled test images per task per step', 'paper 000', int, interval='[1, inf)'),
-    'tasks': Hyper(None, "tasks adapted on (default: the experts'; generalisation runs pass the seen ones)"),
-    'clamp': Hyper(False, 'clamp the coefficients to [0, 1] after every step (the original AdaMerging does; FusionBench does not)',
-                   'FusionBench layer_wise_adamerging.yaml (clamp off)', bool),
-    'coefficients': Hyper(None, 'learned coefficients (tensor or file): merge without training'),
-    'save_to': Hyper(None, 'save the learned coefficients here (safetensors)'),
-    'seed': Hyper(0, 'seed of the test batches', type=int)}
+ADAMERGING_HYPERS = {   # the defaults and meanings are `adamerging`'s signature's
+    'init': Hyper(source="paper 000 (FusionBench's init_values 0.3)", type=float),
+    'steps': Hyper(source='paper 000 (1000; the original AdaMerging runs 500)', type=int, interval='[0, inf)'),
+    'lr': Hyper(source='paper 000', type=float, interval='(0, inf)'),
+    'batch_size': Hyper(source='paper 000', type=int, interval='[1, inf)'),
+    'tasks': Hyper(),
+    'clamp': Hyper(source='FusionBench layer_wise_adamerging.yaml (clamp off)', type=bool),
+    'coefficients': Hyper(),
+    'save_to': Hyper(),
+    'seed': Hyper(type=int)}
 _ADA_BUDGETS = {'steps': 'adamerging_steps', 'lr': 'adamerging_lr', 'batch_size': 'tta_batch_size'}
 
 def _adamerging_output_weights(result, names, hp):

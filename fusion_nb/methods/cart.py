@@ -26,8 +26,8 @@ def low_rank(x:Tensor, # (m, n) matrix
 
 # %% ../../nbs/methods/51_cart.ipynb #ad0c22a3
 def cart_matrix(ws:list[Tensor], # the experts' weights of one layer, each (m, n)
-                rank_ratio:float=0.08, # k / r
-                scaling:float=1.0, # λ
+                rank_ratio:float, # k / r
+                scaling:float, # λ
                )->Tensor:
     "CART for one layer: θ̄ + λ Σᵢ SVD_k(θᵢ − θ̄), θ̄ the experts' mean."
     avg = sum(ws) / len(ws)
@@ -35,19 +35,21 @@ def cart_matrix(ws:list[Tensor], # the experts' weights of one layer, each (m, n
     return avg + scaling * sum(low_rank(w - avg, k) for w in ws)
 
 # %% ../../nbs/methods/51_cart.ipynb #0d466b7f
-def _cart_rule(pretrained, experts, hp, info, runtime):
+def _cart_rule(pretrained, experts,
+               rank_ratio:float=0.08, # k / r, the share of each layer's rank kept of every centred task vector
+               scaling:float=1.0, # λ, the scale of the summed low-rank centred task vectors
+              ):
     "Per tensor: CART on 2-D tensors, the experts' mean on the others."
     def merge_tensor(key, pre, ts):
         ws = list(ts.values())
-        return cart_matrix(ws, hp['rank_ratio'], hp['scaling']) if ws[0].ndim == 2 else sum(ws) / len(ws)
+        return cart_matrix(ws, rank_ratio, scaling) if ws[0].ndim == 2 else sum(ws) / len(ws)
     return merge_tensor
 
 # %% ../../nbs/methods/51_cart.ipynb #4c3d9d0d
 cart = declare(MergeMethod(
     'cart', 'CART', 'Centred task arithmetic with rank-reduced task vectors: per matrix θ̄ + λ Σᵢ SVD_k(θᵢ − θ̄); other tensors θ̄.',
     'training-free',
-    hypers={'rank_ratio': Hyper(0.08, 'k / r, the share of each layer\'s rank kept of every centred task vector',
-                                'Choi et al. 2024, rank ablation (≈8 %; to confirm against the paper)', float, interval='(0, 1]'),
-            'scaling': Hyper(1.0, 'λ, the scale of the summed low-rank centred task vectors',
-                             'Choi et al. 2024 (tuned on validation; 1.0 here, to confirm)', float)},
+    hypers={'rank_ratio': Hyper(source='Choi et al. 2024, rank ablation (≈8 %; to confirm against the paper)', type=float,
+                                interval='(0, 1]'),
+            'scaling': Hyper(source='Choi et al. 2024 (tuned on validation; 1.0 here, to confirm)', type=float)},
     rule=_cart_rule, needs_pretrained=False, min_experts=2, papers={'sota': {}}))

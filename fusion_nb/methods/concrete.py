@@ -119,14 +119,17 @@ def _final_mask(logits, temperature, seed):
 # %% ../../nbs/methods/35_concrete.ipynb #4fc4e399
 def _concrete_task_arithmetic(pretrained:Mapping, experts:Mapping, *,
                              data:MergeData|None=None, # heads and unlabelled test streams (not needed with `mask`)
-                             scaling_factor:float=0.3, # λ (paper 000)
-                             temperature:float=0.5, initial_logits:float=0.,
-                             steps:int=2000, # mask steps (FusionBench: 2000)
-                             lr:float=1e-3, batch_size:int=16,
+                             scaling_factor:float=0.3, # λ
+                             temperature:float=0.5, # Concrete (relaxed Bernoulli) temperature
+                             initial_logits:float=0., # initial mask logits (0: keep probability 1/2)
+                             steps:int=2000, # mask steps
+                             lr:float=1e-3, # Adam learning rate of the mask logits
+                             batch_size:int=16, # unlabelled test images per task per step
                              tasks:Sequence[str]|None=None, # tasks adapted on (default: the experts')
                              mask:str|Path|Mapping|None=None, # learned mask logits (file or dict): merge without training
                              save_to:str|Path|None=None, # save the learned mask logits here
-                             seed:int=0, progress:bool=True, check:bool=True, device=None,
+                             seed:int=0, # seed of the test batches and mask samples
+                             progress:bool=True, check:bool=True, device=None,
                             )->MergedStateDict:
     "θ₀ + λ Σₖ m ⊙ τₖ with a shared Concrete mask m learned by test-time entropy minimisation."
     _check(temperature, lr, steps, batch_size)
@@ -146,17 +149,21 @@ def _concrete_task_arithmetic(pretrained:Mapping, experts:Mapping, *,
 # %% ../../nbs/methods/35_concrete.ipynb #53d11994
 def _concrete_layer_wise_adamerging(pretrained:Mapping, experts:Mapping, *,
                                    data:MergeData|None=None, # heads and unlabelled test streams
-                                   init:float=0.3, temperature:float=0.5, initial_logits:float=0.,
-                                   steps:int=1000, # mask (meta) steps (FusionBench: 1000)
-                                   lr:float=1e-3, # Adam lr of the mask logits
-                                   inner_lr:float=1., # Adam lr of the inner coefficient step (FusionBench's base_lr)
+                                   init:float=0.3, # initial coefficient
+                                   temperature:float=0.5, # Concrete (relaxed Bernoulli) temperature
+                                   initial_logits:float=0., # initial mask logits (0: keep probability 1/2)
+                                   steps:int=1000, # mask (meta) steps
+                                   lr:float=1e-3, # Adam learning rate of the mask logits
+                                   inner_lr:float=1., # Adam learning rate of the inner coefficient step (FusionBench's base_lr)
                                    adamerging_steps:int=1000, # layer-wise AdaMerging steps with the final mask
-                                   adamerging_lr:float=1e-3,
-                                   batch_size:int=16, tasks:Sequence[str]|None=None,
-                                   mask:str|Path|Mapping|None=None, # learned mask logits: skip the mask search
+                                   adamerging_lr:float=1e-3, # AdaMerging learning rate
+                                   batch_size:int=16, # unlabelled test images per task per step
+                                   tasks:Sequence[str]|None=None, # tasks adapted on (default: the experts')
+                                   mask:str|Path|Mapping|None=None, # learned mask logits (file or dict): skip the mask search
                                    coefficients:Tensor|None=None, # learned coefficients: skip AdaMerging too
-                                   save_to:str|Path|None=None, # save the mask logits (and `<stem>.coefficients.safetensors`)
-                                   seed:int=0, progress:bool=True, check:bool=True, device=None,
+                                   save_to:str|Path|None=None, # save the learned mask logits here (and the coefficients as `<stem>.coefficients.safetensors`)
+                                   seed:int=0, # seed of the test batches and mask samples
+                                   progress:bool=True, check:bool=True, device=None,
                                   )->MergedStateDict:
     "Layer-wise AdaMerging inside a shared Concrete mask learned by bi-level test-time entropy minimisation."
     _check(temperature, lr, steps, batch_size); _check(temperature, adamerging_lr, adamerging_steps, batch_size)
@@ -182,32 +189,34 @@ def _concrete_layer_wise_adamerging(pretrained:Mapping, experts:Mapping, *,
     return out
 
 # %% ../../nbs/methods/35_concrete.ipynb #114b2651
-_CONCRETE_COMMON = {
-    'temperature': Hyper(0.5, 'Concrete (relaxed Bernoulli) temperature', "FusionBench's concrete_*.yaml", float, interval='(0, inf)'),
-    'initial_logits': Hyper(0., 'initial mask logits (0: keep probability 1/2)', "FusionBench's concrete_*.yaml", float),
-    'batch_size': Hyper(16, 'unlabelled test images per task per step', 'paper 000', int, interval='[1, inf)'),
-    'tasks': Hyper(None, "tasks adapted on (default: the experts')"),
-    'mask': Hyper(None, 'learned mask logits (file or dict): merge without training'),
-    'save_to': Hyper(None, 'save the learned mask logits here'),
-    'seed': Hyper(0, 'seed of the test batches and mask samples', type=int)}
+_CONCRETE_COMMON = {   # shared by both declarations; the defaults and meanings are their fuses' signatures'
+    'temperature': Hyper(source="FusionBench's concrete_*.yaml", type=float, interval='(0, inf)'),
+    'initial_logits': Hyper(source="FusionBench's concrete_*.yaml", type=float),
+    'batch_size': Hyper(source='paper 000', type=int, interval='[1, inf)'),
+    'tasks': Hyper(), 'mask': Hyper(), 'save_to': Hyper(),
+    'seed': Hyper(type=int)}
 
 concrete_task_arithmetic = declare(MergeMethod(
-    'concrete_task_arithmetic', 'Concrete Task Arithmetic', 'θ₀ + λ Σₖ m ⊙ τₖ with a shared Concrete mask m learned by test-time entropy minimisation.', 'test-time',
-    hypers={'scaling_factor': Hyper(0.3, 'λ', "paper 000: 'Concrete Task Arithmetic (λ=0.3)'", float), **_CONCRETE_COMMON,
-            'steps': Hyper(2000, 'mask steps', "FusionBench's concrete_task_arithmetic.yaml", int, interval='[0, inf)'),
-            'lr': Hyper(1e-3, 'Adam learning rate of the mask logits', "FusionBench's concrete_task_arithmetic.yaml", float, interval='(0, inf)')},
-    fuse=_concrete_task_arithmetic, papers={'000': {}}, budgets={'steps': 'concrete_ta_steps', 'lr': 'concrete_lr', 'batch_size': 'tta_batch_size'},
+    'concrete_task_arithmetic', 'Concrete Task Arithmetic', 'θ₀ + λ Σₖ m ⊙ τₖ with a shared Concrete mask m learned by test-time '
+    'entropy minimisation.', 'test-time',
+    hypers={'scaling_factor': Hyper(source="paper 000: 'Concrete Task Arithmetic (λ=0.3)'", type=float), **_CONCRETE_COMMON,
+            'steps': Hyper(source="FusionBench's concrete_task_arithmetic.yaml", type=int, interval='[0, inf)'),
+            'lr': Hyper(source="FusionBench's concrete_task_arithmetic.yaml", type=float, interval='(0, inf)')},
+    fuse=_concrete_task_arithmetic, papers={'000': {}}, budgets={'steps': 'concrete_ta_steps', 'lr': 'concrete_lr',
+                                                                 'batch_size': 'tta_batch_size'},
     artefact='.mask.safetensors'))
 
 # %% ../../nbs/methods/35_concrete.ipynb #249e73f1
 concrete_layer_wise_adamerging = declare(MergeMethod(
-    'concrete_layer_wise_adamerging', 'Concrete Layer-wise AdaMerging', 'Layer-wise AdaMerging inside a shared Concrete mask learned by bi-level test-time entropy minimisation.', 'test-time',
-    hypers={'init': Hyper(0.3, 'initial coefficient', 'paper 000', float), **_CONCRETE_COMMON,
-            'steps': Hyper(1000, 'mask (meta) steps', "FusionBench's concrete_layer_wise_adamerging.yaml", int, interval='[0, inf)'),
-            'lr': Hyper(1e-3, 'Adam learning rate of the mask logits', "FusionBench's concrete_layer_wise_adamerging.yaml", float, interval='(0, inf)'),
-            'inner_lr': Hyper(1., "Adam learning rate of the inner coefficient step (FusionBench's base_lr)", "FusionBench's concrete_layer_wise_adamerging.yaml", float, interval='(0, inf)'),
-            'adamerging_steps': Hyper(1000, 'layer-wise AdaMerging steps with the final mask', 'paper 000', int, interval='[0, inf)'),
-            'adamerging_lr': Hyper(1e-3, 'AdaMerging learning rate', 'paper 000', float, interval='(0, inf)'),
-            'coefficients': Hyper(None, 'learned coefficients: skip AdaMerging too')},
+    'concrete_layer_wise_adamerging', 'Concrete Layer-wise AdaMerging', 'Layer-wise AdaMerging inside a shared Concrete mask learned '
+    'by bi-level test-time entropy minimisation.', 'test-time',
+    hypers={'init': Hyper(source='paper 000', type=float), **_CONCRETE_COMMON,
+            'steps': Hyper(source="FusionBench's concrete_layer_wise_adamerging.yaml", type=int, interval='[0, inf)'),
+            'lr': Hyper(source="FusionBench's concrete_layer_wise_adamerging.yaml", type=float, interval='(0, inf)'),
+            'inner_lr': Hyper(source="FusionBench's concrete_layer_wise_adamerging.yaml", type=float, interval='(0, inf)'),
+            'adamerging_steps': Hyper(source='paper 000', type=int, interval='[0, inf)'),
+            'adamerging_lr': Hyper(source='paper 000', type=float, interval='(0, inf)'),
+            'coefficients': Hyper()},
     fuse=_concrete_layer_wise_adamerging, papers={'000': {}}, artefact='.mask.safetensors', aliases=('concrete_adamerging_layer_wise',),
-    budgets={'steps': 'concrete_lw_steps', 'lr': 'concrete_lr', 'adamerging_steps': 'adamerging_steps', 'adamerging_lr': 'adamerging_lr', 'batch_size': 'tta_batch_size'}))
+    budgets={'steps': 'concrete_lw_steps', 'lr': 'concrete_lr', 'adamerging_steps': 'adamerging_steps', 'adamerging_lr': 'adamerging_lr',
+             'batch_size': 'tta_batch_size'}))

@@ -174,11 +174,11 @@ def _fisher_merging(pretrained:Mapping|None, # θ₀: only its key layout and in
                    experts:dict[str, Mapping], # task name → fine-tuned CLIP vision state dict
                    *,
                    data=None, # a fusion_nb.methods.data.MergeData covering the experts' tasks
-                   num_fisher_examples:int=256, # labelled training examples per task (FusionBench/paper 000: 256)
-                   batch_size:int=32, # examples per data batch (FusionBench: 32)
-                   fisher:str='empirical', # 'empirical' (true labels) or 'sampled' (labels from the model: true Fisher)
-                   normalize_fisher_weight:bool=True, # rescale each model's Fisher by 1/(global norm + ε) (FusionBench: True)
-                   minimal_fisher_weight:float=1e-6, # ε added to every Fisher entry (FusionBench: 1e-6)
+                   num_fisher_examples:int=256, # labelled training examples per task
+                   batch_size:int=32, # examples per data batch
+                   fisher:str='empirical', # 'empirical' (true labels), 'sampled' (labels drawn from the model: the true Fisher), or 'fusionbench' (squared gradient of each batch's Σ √p·log p, FusionBench's estimator)
+                   normalize_fisher_weight:bool=True, # rescale each model's Fisher by 1/(global norm + ε)
+                   minimal_fisher_weight:float=1e-6, # ε added to every Fisher entry
                    fisher_weights:Mapping|Sequence|float|None=None, # λᵢ per expert (default 1)
                    exclude_param_names_regex:Sequence[str]=(), # parameters matching one of these get no Fisher: averaged
                    chunk_size:int=4, # examples per vmapped per-example gradient call
@@ -215,17 +215,16 @@ def _fisher_merging(pretrained:Mapping|None, # θ₀: only its key layout and in
 
 # %% ../../nbs/methods/31_fisher.ipynb #834f4841
 fisher_merging = declare(MergeMethod(
-    'fisher_merging', 'Fisher Merging', 'Elementwise Fisher-weighted average of the experts, each Fisher computed on its own task.', 'data-based',
-    hypers={'num_fisher_examples': Hyper(256, 'labelled training examples per task', "FusionBench clip_fisher_merging.yaml (paper 000)", int, interval='[1, inf)'),
-            'batch_size': Hyper(32, 'examples per data batch', 'FusionBench clip_fisher_merging.yaml', int, interval='[1, inf)'),
-            'fisher': Hyper('empirical', "'empirical' (true labels), 'sampled' (labels drawn from the model: the true Fisher), or "
-                            "'fusionbench' (squared gradient of each batch's Σ √p·log p, FusionBench's estimator)", 'Matena & Raffel §2', str, choices=FISHER_KINDS),
-            'normalize_fisher_weight': Hyper(True, "rescale each model's Fisher by 1/(global norm + ε)", 'FusionBench clip_fisher_merging.yaml', bool),
-            'minimal_fisher_weight': Hyper(1e-6, 'ε added to every Fisher entry', 'FusionBench clip_fisher_merging.yaml', float, interval='[0, inf)'),
-            'fisher_weights': Hyper(None, 'λᵢ per expert (default 1)', type=float, per_expert=True),
-            'exclude_param_names_regex': Hyper((), 'parameters matching one of these get no Fisher: averaged', 'FusionBench clip_fisher_merging.yaml'),
-            'chunk_size': Hyper(4, 'examples per vmapped per-example gradient call', type=int, interval='[1, inf)')},
+    'fisher_merging', 'Fisher Merging', 'Elementwise Fisher-weighted average of the experts, each Fisher computed on its own task.',
+    'data-based',
+    hypers={'num_fisher_examples': Hyper(source='FusionBench clip_fisher_merging.yaml (paper 000)', type=int, interval='[1, inf)'),
+            'batch_size': Hyper(source='FusionBench clip_fisher_merging.yaml', type=int, interval='[1, inf)'),
+            'fisher': Hyper(source='Matena & Raffel §2', type=str, choices=FISHER_KINDS),
+            'normalize_fisher_weight': Hyper(source='FusionBench clip_fisher_merging.yaml', type=bool),
+            'minimal_fisher_weight': Hyper(source='FusionBench clip_fisher_merging.yaml', type=float, interval='[0, inf)'),
+            'fisher_weights': Hyper(type=float, per_expert=True),
+            'exclude_param_names_regex': Hyper(source='FusionBench clip_fisher_merging.yaml'),
+            'chunk_size': Hyper(type=int, interval='[1, inf)')},
     papers={'000': {'fisher': 'fusionbench'}, '001': {'fisher': 'fusionbench'}},
     budgets={'num_fisher_examples': 'fisher_examples', 'batch_size': 'data_batch_size'},
     fuse=_fisher_merging, needs_pretrained=False))
-

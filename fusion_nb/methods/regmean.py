@@ -109,9 +109,9 @@ def _regmean(pretrained:Mapping|None, # θ₀: only its key layout and integer b
             experts:dict[str, Mapping], # task name → fine-tuned CLIP vision state dict
             *,
             data=None, # a fusion_nb.methods.data.MergeData covering the experts' tasks
-            num_regmean_examples:int=256, # training examples per task (FusionBench / paper 000: 256)
-            batch_size:int=32, # examples per batch (FusionBench: 32)
-            reduce_non_diagonal_ratio:float=0.95, # α: off-diagonal Gram entries × α (FusionBench / paper 000: 0.95), in [0, 1]
+            num_regmean_examples:int=256, # training examples per task
+            batch_size:int=32, # examples per batch
+            reduce_non_diagonal_ratio:float=0.95, # α: off-diagonal Gram entries × α
             progress:bool=True, # progress bars
             check:bool=True, # check compatibility and finiteness
             device=None, # where statistics are computed (default: the data's device)
@@ -137,10 +137,10 @@ def _regmean(pretrained:Mapping|None, # θ₀: only its key layout and integer b
 
 # %% ../../nbs/methods/32_regmean.ipynb #e2784a90
 regmean = declare(MergeMethod(
-    'regmean', 'RegMean', "Per linear layer W = ((Σ G̃ᵢ)⁻¹ Σ G̃ᵢ Wᵢᵀ)ᵀ from each expert's input Gram matrices on its task; other tensors averaged.", 'data-based',
-    hypers={'num_regmean_examples': Hyper(256, 'training examples per task', 'FusionBench clip_regmean.yaml (paper 000)', int, interval='[1, inf)'),
-            'batch_size': Hyper(32, 'examples per batch', 'FusionBench clip_regmean.yaml', int, interval='[1, inf)'),
-            'reduce_non_diagonal_ratio': Hyper(0.95, 'α: off-diagonal Gram entries × α', 'FusionBench clip_regmean.yaml (paper 000)', float, interval='[0, 1]')},
+    'regmean', 'RegMean', "Per linear layer W = ((Σ G̃ᵢ)⁻¹ Σ G̃ᵢ Wᵢᵀ)ᵀ from each expert's input Gram matrices on its task; "
+    "other tensors averaged.", 'data-based',
+    hypers={'num_regmean_examples': Hyper(source='FusionBench clip_regmean.yaml (paper 000)', type=int, interval='[1, inf)'),
+            'batch_size': Hyper(source='FusionBench clip_regmean.yaml', type=int, interval='[1, inf)'),
+            'reduce_non_diagonal_ratio': Hyper(source='FusionBench clip_regmean.yaml (paper 000)', type=float, interval='[0, 1]')},
     papers={'000': {}, '001': {}}, budgets={'num_regmean_examples': 'regmean_examples', 'batch_size': 'data_batch_size'},
     fuse=_regmean, needs_pretrained=False))
-

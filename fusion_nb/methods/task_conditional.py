@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/methods/task_conditional.html.md"""
 
 # %% ../../nbs/methods/53_task_conditional.ipynb #ec851d4d
 from __future__ import annotations
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -79,9 +79,11 @@ emr_merging = declare(MergeMethod(
     fuse=_emr_merging, aliases=('emr',), papers={'sota': {}}))
 
 # %% ../../nbs/methods/53_task_conditional.ipynb #832b8e1d
-def _tall_masks(pretrained, experts, *, lam=0.6, progress=True, check=True, device=None):
+def _tall_masks(pretrained, experts, *,
+                lam:float|Mapping|Sequence=0.6, # λₜ, or one per task (dict by name or list in pool order)
+                progress=True, check=True, device=None):
     "τ_MTL = Σₜ τₜ tensor by tensor, with each task's mask |τₜ| ≥ λₜ·|τ_MTL − τₜ|."
-    names = list(experts); lam = expert_weights(lam, names, 0.6, name='lam'); masks = {n: {} for n in names}
+    names = list(experts); lam = expert_weights(lam, names, name='lam'); masks = {n: {} for n in names}
     def merge_tensor(key, pre, ts):
         taus = torch.stack([t - pre for t in ts.values()]); mtl = taus.sum(0)
         for i, n in enumerate(names): masks[n][key] = (taus[i].abs() >= lam[n] * (mtl - taus[i]).abs()).cpu()
@@ -93,7 +95,6 @@ def _tall_masks(pretrained, experts, *, lam=0.6, progress=True, check=True, devi
 tall_masks = declare(MergeMethod(
     'tall_masks', 'TALL masks', 'TALL masks: θₜ = θ₀ + mₜ ⊙ Σₛ τₛ with mₜ = |τₜ| ≥ λₜ·|Σₛ τₛ − τₜ| (needs the task id).',
     'task-conditional',
-    hypers={'lam': Hyper(0.6, 'λₜ, or one per task (dict by name or list in pool order)', 'FusionBench tall_mask/task_arithmetic.yaml '
-                         'tall_mask_lambda: 0.6 (Wang et al. 2024 pick λₜ ∈ [0.2, 0.6] on validation data)', float,
-                         interval='[0, inf)', per_expert=True)},
+    hypers={'lam': Hyper(source='FusionBench tall_mask/task_arithmetic.yaml tall_mask_lambda: 0.6 (Wang et al. 2024 pick λₜ ∈ '
+                                '[0.2, 0.6] on validation data)', type=float, interval='[0, inf)', per_expert=True)},
     fuse=_tall_masks, papers={'sota': {}}))

@@ -12,7 +12,7 @@ from torch import Tensor
 from .registry import Hyper, MergeMethod, declare
 
 # %% auto #0
-__all__ = ['tsv_merging', 'iso_c', 'iso_cts', 'svd', 'procrustes', 'is_matrix', 'tsv_matrix', 'per_matrix_rule', 'iso_c_matrix',
+__all__ = ['tsv_merging', 'iso_c', 'iso_cts', 'svd', 'procrustes', 'is_matrix', 'tsv_matrix', 'per_matrix_merge', 'iso_c_matrix',
            'iso_cts_split', 'iso_cts_matrix']
 
 # %% ../../nbs/methods/50_tsv_iso.ipynb #52020ebf
@@ -47,27 +47,32 @@ def tsv_matrix(taus:list[Tensor], # the T task matrices Δᵢ of one layer, each
     return procrustes(u) @ torch.diag(s) @ procrustes(vh.T).T
 
 # %% ../../nbs/methods/50_tsv_iso.ipynb #a8a6e233
-def per_matrix_rule(matrix_fn, # (taus, hp) → merged task matrix of one 2-D layer
-                   ):
-    "A `rule` for `MergeMethod`: θ₀ + α·matrix_fn(τᵢ) on 2-D tensors, θ₀ + α·mean(τᵢ) on every other tensor."
-    def rule(pretrained, experts, hp, info, runtime):
-        def merge_tensor(key, pre, ts):
-            taus = [t - pre for t in ts.values()]
-            delta = matrix_fn(taus, hp) if is_matrix(pre) else sum(taus) / len(taus)
-            return pre + hp.get('alpha', 1.0) * delta
-        return merge_tensor
-    return rule
+def per_matrix_merge(matrix_fn, # taus → the merged task matrix of one 2-D layer
+                     alpha:float, # α, the scale of the merged task vector
+                    ):
+    "A rule's `merge_tensor`: θ₀ + α·matrix_fn(τᵢ) on 2-D tensors, θ₀ + α·mean(τᵢ) on every other tensor."
+    def merge_tensor(key, pre, ts):
+        taus = [t - pre for t in ts.values()]
+        delta = matrix_fn(taus) if is_matrix(pre) else sum(taus) / len(taus)
+        return pre + alpha * delta
+    return merge_tensor
+
+# %% ../../nbs/methods/50_tsv_iso.ipynb #c5789654
+def _tsv_merging_rule(pretrained, experts,
+                      alpha:float=1.0, # α, the scale of the merged task vector
+                      fraction:float|None=None, # share of each layer's rank one task keeps (None: 1/T)
+                     ):
+    "Per tensor θ₀ + α·TSV-M(τᵢ) on matrices, θ₀ + α·mean(τᵢ) on every other tensor."
+    return per_matrix_merge(lambda taus: tsv_matrix(taus, fraction), alpha)
 
 # %% ../../nbs/methods/50_tsv_iso.ipynb #d4339e97
 tsv_merging = declare(MergeMethod(
     'tsv_merging', 'TSV-M', 'Task Singular Vectors merge: per matrix, each task\'s top-k singular triplets, bases decorrelated by '
     'Procrustes, θ = θ₀ + α·U⊥ Σ V⊥ᵀ; other tensors averaged.', 'training-free',
-    hypers={'alpha': Hyper(1.0, 'α, the scale of the merged task vector', 'Gargiulo et al. 2025 (α = 1); FusionBench '
-                           'TaskSingularVectorMerging.yaml alpha: 1', float),
-            'fraction': Hyper(None, 'share of each layer\'s rank one task keeps (None: 1/T)', 'Gargiulo et al. 2025 §4: k = r/T; '
-                              'FusionBench sv_reduction = 1/num_tasks', float, interval='(0, 1]')},
-    rule=per_matrix_rule(lambda taus, hp: tsv_matrix(taus, hp['fraction'])), aliases=('tsv_m',),
-    papers={'sota': {}}))
+    hypers={'alpha': Hyper(source='Gargiulo et al. 2025 (α = 1); FusionBench TaskSingularVectorMerging.yaml alpha: 1', type=float),
+            'fraction': Hyper(source='Gargiulo et al. 2025 §4: k = r/T; FusionBench sv_reduction = 1/num_tasks', type=float,
+                              interval='(0, 1]')},
+    rule=_tsv_merging_rule, aliases=('tsv_m',), papers={'sota': {}}))
 
 # %% ../../nbs/methods/50_tsv_iso.ipynb #a8517dc8
 def iso_c_matrix(taus:list[Tensor], # the T task matrices of one layer
@@ -76,13 +81,20 @@ def iso_c_matrix(taus:list[Tensor], # the T task matrices of one layer
     u, s, vh = svd(sum(taus))
     return s.mean() * (u @ vh)
 
+# %% ../../nbs/methods/50_tsv_iso.ipynb #2911335d
+def _iso_c_rule(pretrained, experts,
+                alpha:float=1.0, # α, the scale of the merged task vector
+               ):
+    "Per tensor θ₀ + α·Iso-C(τᵢ) on matrices, θ₀ + α·mean(τᵢ) on every other tensor."
+    return per_matrix_merge(iso_c_matrix, alpha)
+
 # %% ../../nbs/methods/50_tsv_iso.ipynb #e1fb6ffa
 iso_c = declare(MergeMethod(
     'iso_c', 'Iso-C', 'Isotropic merging in the common subspace: per matrix, Σᵢ Δᵢ = U Σ Vᵀ with Σ replaced by its mean; '
     'other tensors averaged; θ = θ₀ + α·Δ.', 'training-free',
-    hypers={'alpha': Hyper(1.0, 'α, the scale of the merged task vector', 'FusionBench iso_c.yaml scaling_factor: 1.0 '
-                           '(Marczak et al. 2025 tune α on validation data)', float)},
-    rule=per_matrix_rule(lambda taus, hp: iso_c_matrix(taus)), papers={'sota': {'alpha': 1.5}}))
+    hypers={'alpha': Hyper(source='FusionBench iso_c.yaml scaling_factor: 1.0 (Marczak et al. 2025 tune α on validation data)',
+                           type=float)},
+    rule=_iso_c_rule, papers={'sota': {'alpha': 1.5}}))
 
 # %% ../../nbs/methods/50_tsv_iso.ipynb #e5dd4f27
 def iso_cts_split(r:int, # the layer's rank min(m, n)
@@ -96,7 +108,7 @@ def iso_cts_split(r:int, # the layer's rank min(m, n)
 
 # %% ../../nbs/methods/50_tsv_iso.ipynb #69289358
 def iso_cts_matrix(taus:list[Tensor], # the T task matrices of one layer
-                   common_fraction:float=0.8, # share of the rank kept from the sum's top singular vectors
+                   common_fraction:float, # share of the rank kept from the sum's top singular vectors
                   )->Tensor:
     "Iso-CTS for one layer: the sum's top-k_c directions plus each task's top-s directions outside them, isotropic."
     k_c, s = iso_cts_split(min(taus[0].shape), len(taus), common_fraction)
@@ -108,13 +120,21 @@ def iso_cts_matrix(taus:list[Tensor], # the T task matrices of one layer
     U, S, Vh = torch.cat(U, 1), torch.cat(S), torch.cat(Vh, 0)
     return S.mean() * (procrustes(U) @ procrustes(Vh.T).T)
 
+# %% ../../nbs/methods/50_tsv_iso.ipynb #4a3b64ab
+def _iso_cts_rule(pretrained, experts,
+                  alpha:float=1.0, # α, the scale of the merged task vector
+                  common_fraction:float=0.8, # share of each layer's rank given to the common subspace
+                 ):
+    "Per tensor θ₀ + α·Iso-CTS(τᵢ) on matrices, θ₀ + α·mean(τᵢ) on every other tensor."
+    return per_matrix_merge(lambda taus: iso_cts_matrix(taus, common_fraction), alpha)
+
 # %% ../../nbs/methods/50_tsv_iso.ipynb #cd6ecda2
 iso_cts = declare(MergeMethod(
     'iso_cts', 'Iso-CTS', 'Isotropic merging in common and task-specific subspaces: per matrix, the sum\'s top singular '
     'vectors plus each task\'s top vectors outside them, orthogonalised, with a flat spectrum; other tensors averaged.',
     'training-free',
-    hypers={'alpha': Hyper(1.0, 'α, the scale of the merged task vector', 'FusionBench iso_cts.yaml scaling_factor: 1.0 '
-                           '(Marczak et al. 2025 tune α on validation data)', float),
-            'common_fraction': Hyper(0.8, 'share of each layer\'s rank given to the common subspace', 'Marczak et al. 2025 §3.3; '
-                                     'FusionBench iso_cts.yaml common_space_fraction: 0.8', float, interval='(0, 1]')},
-    rule=per_matrix_rule(lambda taus, hp: iso_cts_matrix(taus, hp['common_fraction'])), papers={'sota': {'alpha': 1.5}}))
+    hypers={'alpha': Hyper(source='FusionBench iso_cts.yaml scaling_factor: 1.0 (Marczak et al. 2025 tune α on validation data)',
+                           type=float),
+            'common_fraction': Hyper(source='Marczak et al. 2025 §3.3; FusionBench iso_cts.yaml common_space_fraction: 0.8',
+                                     type=float, interval='(0, 1]')},
+    rule=_iso_cts_rule, papers={'sota': {'alpha': 1.5}}))

@@ -219,15 +219,18 @@ def load_routers(model:CLIPVisionModel, path:str|Path)->CLIPVisionModel:
 # %% ../../nbs/methods/34_we_moe.ipynb #17d012d3
 def weight_ensembling_moe(pretrained:Mapping, experts:Mapping, *,
                           data:MergeData|None=None, # heads and unlabelled test streams (not needed with `load_from`)
-                          init_lambda:float=0.3, # routers' initial output and the non-MLP task-arithmetic λ (paper 000: 0.3)
-                          router_hidden_layers:int=2, # paper 000: 2
-                          batch_reduce:bool=True, # FusionBench: true
-                          routing:str='sample', # evaluation: 'sample' (ours) or 'batch' (FusionBench's protocol, leaky: averaged over each eval batch)
-                          steps:int=1000, lr:float=1e-4, batch_size:int=16, # paper 000: 1000, 1e-4, 16
+                          init_lambda:float=0.3, # routers' initial output and the non-MLP task-arithmetic λ
+                          router_hidden_layers:int=2, # hidden layers of each router
+                          batch_reduce:bool=True, # average the routing weights over the batch during adaptation
+                          routing:str='sample', # evaluation routing: 'sample' (each sample its own, ours) or 'batch' (averaged over each evaluation batch: FusionBench's protocol, leaks the task of single-task batches)
+                          steps:int=1000, # router training steps
+                          lr:float=1e-4, # Adam learning rate of the routers
+                          batch_size:int=16, # unlabelled test images per task per step
                           tasks:Sequence[str]|None=None, # tasks adapted on (default: the experts')
                           load_from:str|Path|None=None, # trained routers: skip training
                           save_to:str|Path|None=None, # save the trained routers here
-                          seed:int=0, progress:bool=True, check:bool=True, device=None,
+                          seed:int=0, # seed of the routers and test batches
+                          progress:bool=True, check:bool=True, device=None,
                          )->CLIPVisionModel:
     "Build the WE-MoE encoder, train its routers at test time (or load them); returns the encoder module."
     config = data.model_pool.config if data is not None else None
@@ -253,18 +256,17 @@ def _we_moe_output_weights(result, names, hp):
 
 # %% ../../nbs/methods/34_we_moe.ipynb #525793eb
 weight_ensembling_moe = declare(MergeMethod(
-    'weight_ensembling_moe', 'Weight-Ensembling MoE', 'Upscale each MLP into a weight-ensembling MoE whose routers are trained at test time; other tensors task arithmetic.', 'test-time',
-    hypers={'init_lambda': Hyper(0.3, "routers' initial output and the non-MLP task-arithmetic λ", 'paper 000', float),
-            'router_hidden_layers': Hyper(2, 'hidden layers of each router', 'paper 000', int, interval='[0, 2]'),
-            'batch_reduce': Hyper(True, 'average the routing weights over the batch during adaptation', "FusionBench's we_moe config", bool),
-            'routing': Hyper('sample', "evaluation routing: 'sample' (each sample its own, ours) or 'batch' (averaged over each evaluation batch: FusionBench's protocol, leaks the task of single-task batches)",
-                             'ours; FusionBench evaluates as routing=batch', str, choices=ROUTINGS),
-            'steps': Hyper(1000, 'router training steps', 'paper 000', int, interval='[0, inf)'),
-            'lr': Hyper(1e-4, 'Adam learning rate of the routers', 'paper 000', float, interval='(0, inf)'),
-            'batch_size': Hyper(16, 'unlabelled test images per task per step', 'paper 000', int, interval='[1, inf)'),
-            'tasks': Hyper(None, "tasks adapted on (default: the experts')"),
-            'load_from': Hyper(None, 'trained routers: skip training'),
-            'save_to': Hyper(None, 'save the trained routers here'),
-            'seed': Hyper(0, 'seed of the routers and test batches', type=int)},
-    fuse=_weight_ensembling_moe, papers={'000': {}, '001': {}}, budgets={'steps': 'wemoe_steps', 'lr': 'wemoe_lr', 'batch_size': 'tta_batch_size'},
+    'weight_ensembling_moe', 'Weight-Ensembling MoE', 'Upscale each MLP into a weight-ensembling MoE whose routers are trained at '
+    'test time; other tensors task arithmetic.', 'test-time',
+    hypers={'init_lambda': Hyper(source='paper 000', type=float),
+            'router_hidden_layers': Hyper(source='paper 000', type=int, interval='[0, 2]'),
+            'batch_reduce': Hyper(source="FusionBench's we_moe config", type=bool),
+            'routing': Hyper(source='ours; FusionBench evaluates as routing=batch', type=str, choices=ROUTINGS),
+            'steps': Hyper(source='paper 000', type=int, interval='[0, inf)'),
+            'lr': Hyper(source='paper 000', type=float, interval='(0, inf)'),
+            'batch_size': Hyper(source='paper 000', type=int, interval='[1, inf)'),
+            'tasks': Hyper(), 'load_from': Hyper(), 'save_to': Hyper(),
+            'seed': Hyper(type=int)},
+    fuse=_weight_ensembling_moe, papers={'000': {}, '001': {}},
+    budgets={'steps': 'wemoe_steps', 'lr': 'wemoe_lr', 'batch_size': 'tta_batch_size'},
     artefact='.routers.safetensors', aliases=('we_moe',), output_weights=_we_moe_output_weights))

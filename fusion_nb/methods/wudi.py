@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .registry import Hyper, MergeMethod, declare
-from .tsv_iso import per_matrix_rule
+from .tsv_iso import per_matrix_merge
 
 # %% auto #0
 __all__ = ['wudi_merging', 'wudi_loss', 'wudi_matrix']
@@ -28,8 +28,8 @@ def wudi_loss(tau:Tensor, # (m, n) the merged task matrix τ_m
 
 # %% ../../nbs/methods/52_wudi.ipynb #f39da825
 def wudi_matrix(taus:list[Tensor], # the T task matrices of one layer
-                steps:int=300, # Adam steps
-                lr:float=1e-5, # Adam's learning rate
+                steps:int, # Adam steps
+                lr:float, # Adam's learning rate
                )->Tensor:
     "WUDI for one layer: τ_m from Σᵢ τᵢ, `steps` Adam steps on `wudi_loss`."
     taus = torch.stack(taus)
@@ -41,11 +41,18 @@ def wudi_matrix(taus:list[Tensor], # the T task matrices of one layer
             opt.zero_grad(); wudi_loss(tau, taus, gram).backward(); opt.step()
     return tau.detach()
 
+# %% ../../nbs/methods/52_wudi.ipynb #cae26156
+def _wudi_merging_rule(pretrained, experts,
+                       steps:int=300, # Adam steps per layer
+                       lr:float=1e-5, # Adam's learning rate
+                      ):
+    "Per tensor θ₀ + τ_m (WUDI's) on matrices, θ₀ + mean(τᵢ) on every other tensor (no scale: α = 1)."
+    return per_matrix_merge(lambda taus: wudi_matrix(taus, steps, lr), 1.0)
+
 # %% ../../nbs/methods/52_wudi.ipynb #af625a40
 wudi_merging = declare(MergeMethod(
     'wudi_merging', 'WUDI', 'WUDI merging: per matrix, τ_m minimising Σᵢ ‖(τ_m − τᵢ) τᵢᵀ‖²/‖τᵢ‖² by Adam from Σᵢ τᵢ; other '
     'tensors averaged; θ = θ₀ + τ_m.', 'training-free',
-    hypers={'steps': Hyper(300, 'Adam steps per layer', 'FusionBench wudi_merging(iter_num=300) (its wudi.yaml: 400)', int, interval='[0, inf)'),
-            'lr': Hyper(1e-5, "Adam's learning rate", 'Cheng et al. 2025; FusionBench wudi_merging (lr=1e-5)', float, interval='(0, inf)')},
-    rule=per_matrix_rule(lambda taus, hp: wudi_matrix(taus, hp['steps'], hp['lr'])), aliases=('wudi',),
-    budgets={'steps': 'wudi_steps', 'lr': 'wudi_lr'}, papers={'sota': {}}))
+    hypers={'steps': Hyper(source='FusionBench wudi_merging(iter_num=300) (its wudi.yaml: 400)', type=int, interval='[0, inf)'),
+            'lr': Hyper(source='Cheng et al. 2025; FusionBench wudi_merging (lr=1e-5)', type=float, interval='(0, inf)')},
+    rule=_wudi_merging_rule, aliases=('wudi',), budgets={'steps': 'wudi_steps', 'lr': 'wudi_lr'}, papers={'sota': {}}))

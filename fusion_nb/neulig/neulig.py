@@ -305,10 +305,20 @@ def annotate_improvements(printed:pd.DataFrame, # a printable table (strings) wi
 # %% ../../nbs/neulig/71_neulig.ipynb #0c23164a
 def neulig(pretrained:Mapping, experts:Mapping, *,
            data:MergeData|None=None, # heads and the experts' training splits (needed for the encoder configuration)
-           setting:str='semi-supervised', data_scale:float=1.0,
-           steps:int=500, lr:float=1e-3, batch_size:int=16, hidden:int=128, chunk_size:int=16, log_every:int=10, balance:float=1.0,
-           tasks:Sequence[str]|None=None, load_from:str|Path|None=None, save_to:str|Path|None=None,
-           seed:int=0, progress:bool=True, check:bool=True, device=None)->NeuLigModel:
+           setting:str='semi-supervised', # semi-supervised (prediction entropies, no labels) or supervised (cross-entropies)
+           data_scale:float=1.0, # fraction of each task's training split Portland sees
+           steps:int=500, # Portland training steps (a batch of every task each)
+           lr:float=1e-3, # Adam learning rate of Portland
+           batch_size:int=16, # training images per task per step
+           hidden:int=128, # Portland's hidden units
+           chunk_size:int=16, # samples merged at once (memory: chunk_size × |θ|)
+           log_every:int=10, # steps between two records of the CoopVec Map (Figure s9)
+           balance:float=1.0, # β: weight of the usage-balance term KL(mean CoopVec ‖ uniform) in the semi-supervised loss
+           tasks:Sequence[str]|None=None, # tasks trained on (default: the experts' names)
+           load_from:str|Path|None=None, # a saved Portland: skip training
+           save_to:str|Path|None=None, # save the trained Portland here
+           seed:int=0, # seed of Portland and of the visible subsets and batches
+           progress:bool=True, check:bool=True, device=None)->NeuLigModel:
     "Build NeuLig over `experts`, train Portland on their tasks' visible training data (or load it); returns the model."
     check_choice('setting', setting, SETTINGS); check_interval('data_scale', data_scale, '(0, 1]')
     if data is None: raise HyperparameterError("neulig needs `data` (a MergeData: task heads, training splits, encoder configuration)")
@@ -325,19 +335,18 @@ _neulig = neulig   # the implementation above; the name now means the declared m
 _OURS = 'ours: paper 001 (supplementary) gives no value'
 
 neulig = declare(MergeMethod(
-    'neulig', 'NeuLig', 'Portland maps each sample to a CoopVec over the experts; the same CoopVec weights their parameters (merge) and outputs (ensemble).', 'data-based',
-    hypers={'setting': Hyper('semi-supervised', 'semi-supervised (prediction entropies, no labels) or supervised (cross-entropies)', 'paper 001, Table s5 rows', str, choices=SETTINGS),
-            'data_scale': Hyper(1.0, "fraction of each task's training split Portland sees", 'paper 001, Table s5 (Table s9 varies it)', float, interval='(0, 1]'),
-            'steps': Hyper(500, 'Portland training steps (a batch of every task each)', _OURS, int, interval='[0, inf)'),
-            'lr': Hyper(1e-3, "Adam learning rate of Portland", _OURS, float, interval='(0, inf)'),
-            'batch_size': Hyper(16, 'training images per task per step', _OURS, int, interval='[1, inf)'),
-            'hidden': Hyper(128, "Portland's hidden units", _OURS, int, interval='[1, inf)'),
-            'chunk_size': Hyper(16, 'samples merged at once (memory: chunk_size × |θ|)', 'memory of ViT-B/32 per chunk: 16 × 88 M floats', int, interval='[1, inf)'),
-            'balance': Hyper(1.0, 'β: weight of the usage-balance term KL(mean CoopVec ‖ uniform) in the semi-supervised loss', _OURS + ' (entropy alone collapsed on tiny)', float, interval='[0, inf)'),
-            'log_every': Hyper(10, 'steps between two records of the CoopVec Map (Figure s9)', type=int, interval='[1, inf)'),
-            'tasks': Hyper(None, "tasks trained on (default: the experts' names)"),
-            'load_from': Hyper(None, 'a saved Portland: skip training'),
-            'save_to': Hyper(None, 'save the trained Portland here'),
-            'seed': Hyper(0, 'seed of Portland and of the visible subsets and batches', type=int)},
+    'neulig', 'NeuLig', 'Portland maps each sample to a CoopVec over the experts; the same CoopVec weights their parameters (merge) '
+    'and outputs (ensemble).', 'data-based',
+    hypers={'setting': Hyper(source='paper 001, Table s5 rows', type=str, choices=SETTINGS),
+            'data_scale': Hyper(source='paper 001, Table s5 (Table s9 varies it)', type=float, interval='(0, 1]'),
+            'steps': Hyper(source=_OURS, type=int, interval='[0, inf)'),
+            'lr': Hyper(source=_OURS, type=float, interval='(0, inf)'),
+            'batch_size': Hyper(source=_OURS, type=int, interval='[1, inf)'),
+            'hidden': Hyper(source=_OURS, type=int, interval='[1, inf)'),
+            'chunk_size': Hyper(source='memory of ViT-B/32 per chunk: 16 × 88 M floats', type=int, interval='[1, inf)'),
+            'balance': Hyper(source=_OURS + ' (entropy alone collapsed on tiny)', type=float, interval='[0, inf)'),
+            'log_every': Hyper(type=int, interval='[1, inf)'),
+            'tasks': Hyper(), 'load_from': Hyper(), 'save_to': Hyper(),
+            'seed': Hyper(type=int)},
     fuse=_neulig, papers={'001': {}}, budgets={'steps': 'neulig_steps', 'lr': 'neulig_lr', 'batch_size': 'neulig_batch_size'},
     artefact='.portland.safetensors', min_experts=2))
