@@ -88,8 +88,8 @@ def magnitude_outliers(tau:Tensor, # a task-vector tensor
 def gta_rule(sparsify:Callable|None, # (name, key, τ, hp) → sparsified τ; None: keep τ
              consensus:bool, # mergekit's sign consensus (the `_ties` variants)
             )->Callable:
-    "`(pretrained, experts, hp) → merge_tensor`: per tensor θ₀ + λ·gta_mix(sparsified δᵢ, wᵢ), density per expert as mergekit allows."
-    def rule(pretrained, experts, hp, info=None, runtime=None):   # hp: the declared rules' settings, or a mergekit config's
+    "`(pretrained, experts, hp) → merge_tensor`: per tensor θ₀ + λ·gta_mix(sparsified δᵢ, wᵢ), one density per expert."
+    def rule(pretrained, experts, hp, info=None, runtime=None):   # hp: a declared rule's settings, or a config's
         w = expert_weights(hp['weight'], list(experts), name='weight')
         dens = expert_weights(hp['density'], list(experts), name='density')
         def merge_tensor(key, pre, ts):
@@ -98,14 +98,16 @@ def gta_rule(sparsify:Callable|None, # (name, key, τ, hp) → sparsified τ; No
                 deltas[i] = t - pre if sparsify is None else sparsify(n, key, t - pre, {**hp, 'density': dens[n]})
             weights = torch.tensor([w[n] for n in ts], dtype=pre.dtype, device=pre.device)
             mixed = gta_mix(deltas, weights, consensus, hp['normalize'], overwrite=True)
-            return mixed.mul_(hp.get('scaling_factor', 1.0)).add_(pre)   # a mergekit config's hp may lack λ (no λ); declared rules pass it
+            return mixed.mul_(hp.get('scaling_factor', 1.0)).add_(pre)   # a mergekit config may give no λ
         return merge_tensor
     return rule
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #c123dd10
 GTA_HYPERS = {   # what every generalized-task-arithmetic method's signature cannot say: sources, types, allowed values
-    'weight': Hyper(source="mergekit: `weight` is required per model; 1.0 adds each task vector whole", type=float, per_expert=True),
-    'density': Hyper(source="mergekit's tensor parameter default (1.0: nothing dropped)", type=float, interval='(0, 1]', per_expert=True),
+    'weight': Hyper(source="mergekit: `weight` is required per model; 1.0 adds each task vector whole", type=float,
+                    per_expert=True),
+    'density': Hyper(source="mergekit's tensor parameter default (1.0: nothing dropped)", type=float, interval='(0, 1]',
+                     per_expert=True),
     'scaling_factor': Hyper(source="mergekit's generalized task arithmetic `lambda`", type=float),
     'normalize': Hyper(source="mergekit's registry for this method", type=bool),
     'rescale': Hyper(source="mergekit's registry for this method", type=bool)}
@@ -115,25 +117,30 @@ def _breadcrumbs_sparsify(name, key, tau, hp): return magnitude_outliers(tau, hp
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #4bf1d783
 def _breadcrumbs_rule(pretrained, experts,
-                      weight:float|Mapping|Sequence=1.0, # wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off
+                      # wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off
+                      weight:float|Mapping|Sequence=1.0,
                       density:float|Mapping|Sequence=1.0, # fraction of each task vector kept, or one per expert
                       scaling_factor:float=1.0, # λ, multiplying the mixed task vector
                       normalize:bool=False, # divide by the sum of the (agreeing) weights
                       rescale:bool=False, # rescale the kept entries to the L1 norm before masking
                       gamma:float=0.01, # fraction of the largest entries removed
                       *, consensus:bool):
-    "Each task vector's band between its outliers and its small entries, then the weighted sum (of the agreeing entries with `consensus`)."
-    hp = dict(weight=weight, density=density, scaling_factor=scaling_factor, normalize=normalize, rescale=rescale, gamma=gamma)
+    "Each task vector's band (outliers and small entries cut), then the weighted sum (`consensus`: of agreeing ones)."
+    hp = dict(weight=weight, density=density, scaling_factor=scaling_factor, normalize=normalize, rescale=rescale,
+              gamma=gamma)
     return gta_rule(_breadcrumbs_sparsify, consensus)(pretrained, experts, hp)
 
-BREADCRUMBS_HYPERS = {**GTA_HYPERS, 'gamma': Hyper(source="mergekit's breadcrumbs tensor parameter", type=float, interval='[0, 1]')}
-SOTA_BREADCRUMBS = dict(weight=0.3, density=0.2)   # our row: paper 000's λ as the weight, TIES's 20 % kept, the default 1 % outliers
+BREADCRUMBS_HYPERS = {**GTA_HYPERS,
+                      'gamma': Hyper(source="mergekit's breadcrumbs tensor parameter", type=float, interval='[0, 1]')}
+SOTA_BREADCRUMBS = dict(weight=0.3, density=0.2)   # our row: paper 000's λ as weight, TIES's 20 % kept (γ: 1 % cut)
 
 breadcrumbs = declare(MergeMethod(
     'breadcrumbs', 'Model Breadcrumbs', 'θ = θ₀ + Σᵢ wᵢ·band(τᵢ): drop the largest γ and the smallest entries of each task vector, per tensor.',
-    'training-free', hypers=BREADCRUMBS_HYPERS, rule=partial(_breadcrumbs_rule, consensus=False), papers={'sota': SOTA_BREADCRUMBS}))
+    'training-free', hypers=BREADCRUMBS_HYPERS, rule=partial(_breadcrumbs_rule, consensus=False),
+    papers={'sota': SOTA_BREADCRUMBS}))
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #1d289f75
 breadcrumbs_ties = declare(MergeMethod(
     'breadcrumbs_ties', 'Model Breadcrumbs (TIES)', 'Breadcrumbs bands, then TIES sign election: Σ of the agreeing wᵢ·band(τᵢ), per tensor.',
-    'training-free', hypers=BREADCRUMBS_HYPERS, rule=partial(_breadcrumbs_rule, consensus=True), papers={'sota': SOTA_BREADCRUMBS}))
+    'training-free', hypers=BREADCRUMBS_HYPERS, rule=partial(_breadcrumbs_rule, consensus=True),
+    papers={'sota': SOTA_BREADCRUMBS}))

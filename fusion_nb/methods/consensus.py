@@ -52,8 +52,8 @@ def _consensus_ties_rule(pretrained, experts,
                          disjoint:str='sum', # TIES disjoint merge
                          *, info, runtime):
     "Per tensor θ₀ + α·m_cons ⊙ τ_TIES (TIES with λ = 1, its thresholds over the whole model)."
-    ties = _ties_rule(pretrained, experts, scaling_factor=1.0, k=k, trim_scope=trim_scope, disjoint=disjoint, thresholds=None,
-                      delta_transform=None, rounding='ceil', info=info, runtime=runtime)
+    ties = _ties_rule(pretrained, experts, scaling_factor=1.0, k=k, trim_scope=trim_scope, disjoint=disjoint,
+                      thresholds=None, delta_transform=None, rounding='ceil', info=info, runtime=runtime)
     def merge_tensor(key, pre, ts):
         mask = consensus_mask(torch.stack([t - pre for t in ts.values()]), tall_lambda, consensus_k)
         return pre + scaling_factor * mask * (ties(key, pre, ts) - pre)
@@ -74,6 +74,7 @@ consensus_ta = declare(MergeMethod(
 consensus_ties = declare(MergeMethod(
     'consensus_ties', 'Consensus TIES', 'θ = θ₀ + α·m_cons ⊙ τ_TIES (top-20 % per task, elected signs, disjoint sum).', 'training-free',
     hypers={**CONSENSUS_HYPERS, 'k': TIES_HYPERS['k'],
-            'trim_scope': Hyper(source="authors' code: ties_merging on flattened models", type=str, choices=('model', 'tensor')),
+            'trim_scope': Hyper(source="authors' code: ties_merging on flattened models", type=str,
+                                choices=('model', 'tensor')),
             'disjoint': Hyper(source="authors' code: merge_func='dis-sum'", type=str, choices=('mean', 'sum'))},
     rule=_consensus_ties_rule, min_experts=1, papers={'sota': {}}))

@@ -77,8 +77,9 @@ def _dare_ties_rule(pretrained, experts,
                     disjoint:str='sum', # 'mean' or 'sum'
                     *, info, runtime):
     "TIES on DARE-sparsified task vectors: drop and rescale first, then trim, elect, disjoint merge."
-    return _ties_rule(pretrained, experts, scaling_factor=scaling_factor, k=k, trim_scope=trim_scope, disjoint=disjoint, thresholds=None,
-                      delta_transform=dare_transform(p, seed, rescale), rounding='ceil', info=info, runtime=runtime)
+    return _ties_rule(pretrained, experts, scaling_factor=scaling_factor, k=k, trim_scope=trim_scope, disjoint=disjoint,
+                      thresholds=None, delta_transform=dare_transform(p, seed, rescale), rounding='ceil',
+                      info=info, runtime=runtime)
 
 # %% ../../nbs/methods/24_dare.ipynb #283760a4
 dare_ties = declare(MergeMethod(

@@ -37,7 +37,8 @@ def magprune_sparsify(name, key, tau, hp):
 
 # %% ../../nbs/methods/41_linear_sparse.ipynb #390bbc2e
 def _dare_linear_rule(pretrained, experts,
-                      weight:float|Mapping|Sequence=1.0, # wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off
+                      # wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off
+                      weight:float|Mapping|Sequence=1.0,
                       density:float|Mapping|Sequence=1.0, # fraction of each task vector kept, or one per expert
                       scaling_factor:float=1.0, # λ, multiplying the mixed task vector
                       normalize:bool=False, # divide by the sum of the (agreeing) weights
@@ -45,18 +46,21 @@ def _dare_linear_rule(pretrained, experts,
                       seed:int=0, # random seed of the masks
                      ):
     "θ₀ + λ Σᵢ wᵢ·DARE(τᵢ) through `gta_rule`, no sign consensus."
-    hp = dict(weight=weight, density=density, scaling_factor=scaling_factor, normalize=normalize, rescale=rescale, seed=seed)
+    hp = dict(weight=weight, density=density, scaling_factor=scaling_factor, normalize=normalize, rescale=rescale,
+              seed=seed)
     return gta_rule(dare_sparsify, consensus=False)(pretrained, experts, hp)
 
 _SEED = Hyper(source='ours: masks drawn per (seed, expert, tensor), reproducible', type=int)
 
 dare_linear = declare(MergeMethod(
     'dare_linear', 'DARE (linear, mergekit)', "θ = θ₀ + Σᵢ wᵢ·DARE(τᵢ): keep each entry with probability density, back to τ's L1 norm; no sign election.",
-    'training-free', hypers={**GTA_HYPERS, 'seed': _SEED}, rule=_dare_linear_rule, papers={'sota': dict(weight=0.3, density=0.5)}))
+    'training-free', hypers={**GTA_HYPERS, 'seed': _SEED}, rule=_dare_linear_rule,
+    papers={'sota': dict(weight=0.3, density=0.5)}))
 
 # %% ../../nbs/methods/41_linear_sparse.ipynb #4c94d9d3
 def _della_linear_rule(pretrained, experts,
-                       weight:float|Mapping|Sequence=1.0, # wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off
+                       # wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off
+                       weight:float|Mapping|Sequence=1.0,
                        density:float|Mapping|Sequence=1.0, # fraction of each task vector kept, or one per expert
                        scaling_factor:float=1.0, # λ, multiplying the mixed task vector
                        normalize:bool=False, # divide by the sum of the (agreeing) weights
@@ -65,11 +69,13 @@ def _della_linear_rule(pretrained, experts,
                        epsilon:float=0.15, # half-width of the keep-probability window
                       ):
     "θ₀ + λ Σᵢ wᵢ·MagPrune(τᵢ) through `gta_rule`, no sign consensus."
-    hp = dict(weight=weight, density=density, scaling_factor=scaling_factor, normalize=normalize, rescale=rescale, seed=seed, epsilon=epsilon)
+    hp = dict(weight=weight, density=density, scaling_factor=scaling_factor, normalize=normalize, rescale=rescale,
+              seed=seed, epsilon=epsilon)
     return gta_rule(magprune_sparsify, consensus=False)(pretrained, experts, hp)
 
 della_linear = declare(MergeMethod(
     'della_linear', 'DELLA (linear, mergekit)', 'θ = θ₀ + Σᵢ wᵢ·MagPrune(τᵢ): magnitude-ranked keep probabilities, rescaled; no sign election.',
     'training-free', hypers={**GTA_HYPERS, 'seed': _SEED,
-                             'epsilon': Hyper(source="mergekit's della `epsilon` default", type=float, interval='[0, 1)')},
+                             'epsilon': Hyper(source="mergekit's della `epsilon` default", type=float,
+                                              interval='[0, 1)')},
     rule=_della_linear_rule, papers={'sota': dict(weight=0.3, density=0.7, epsilon=0.07)}))

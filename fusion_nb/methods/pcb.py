@@ -77,7 +77,8 @@ def _pcb_rule(pretrained, experts,
               pcb_ratio:float=0.1, # r: fraction of each task vector kept (by score)
               clamp_ratio:float=0.0001, # fraction of the smallest and of the largest |τ| clamped
               scaling_factor:float=1.0, # λ
-              scope:str='model', # 'model': quantiles over the whole model (authors); 'tensor': per tensor (mergekit's pcb.py)
+              # 'model': quantiles over the whole model (authors); 'tensor': per tensor (mergekit's pcb.py)
+              scope:str='model',
               *, runtime):
     "Per tensor θ₀ + λ·τ_PCB, with the bounds of the whole model (scope 'model') or of the tensor (scope 'tensor')."
     r, c, names = pcb_ratio, clamp_ratio, list(experts)
@@ -100,7 +101,9 @@ pcb_merging = declare(MergeMethod(
     'pcb_merging', 'PCB Merging', 'PCB: intra- and inter-balanced scores, top-r per task, score-weighted mean of the task vectors, scaled by λ.',
     'training-free', hypers={
         'pcb_ratio': Hyper(source="authors' pcb_merging(…, pcb_ratio=0.1)", type=float, interval='(0, 1]'),
-        'clamp_ratio': Hyper(source="authors' code: clamp(min_ratio=0.0001, max_ratio=0.0001)", type=float, interval='[0, 0.5)'),
-        'scaling_factor': Hyper(source="ours: the balanced mean itself (the authors search λ by evolution strategy)", type=float),
+        'clamp_ratio': Hyper(source="authors' code: clamp(min_ratio=0.0001, max_ratio=0.0001)", type=float,
+                             interval='[0, 0.5)'),
+        'scaling_factor': Hyper(source="ours: the balanced mean itself (the authors search λ by evolution strategy)",
+                                type=float),
         'scope': Hyper(source="authors' code", type=str, choices=('model', 'tensor'))},
     rule=_pcb_rule, min_experts=1, papers={'sota': {'pcb_ratio': 0.05}}))

@@ -32,7 +32,8 @@ def weighted_sum(weights:Mapping[str, float], # wᵢ by expert name
 
 # %% ../../nbs/methods/21_soups.ipynb #08fff95b
 def _weighted_average_rule(pretrained, experts,
-                           weights:Mapping|Sequence|None=None, # wᵢ per expert (dict by name or list in pool order); None: 1/n each
+                           # wᵢ per expert (dict by name or list in pool order); None: 1/n each
+                           weights:Mapping|Sequence|None=None,
                            normalize:bool=False, # divide the weights by their sum (paper 004's Linear)
                            *, info):
     "Per tensor Σᵢ wᵢ θᵢ (weights 1/n by default, normalised to sum 1 on request)."
@@ -136,7 +137,8 @@ def affine_grid(n:int, # number of models
 # %% ../../nbs/methods/21_soups.ipynb #4201c9b3
 def _soup_grid_search(pretrained, experts,
                       evaluate_fn:Callable|None=None, # held-out score of a state dict (higher is better)
-                      grid:Iterable|None=None, # weight vectors to try (pool order or dicts); default: affine_grid(n, low, high, step)
+                      # weight vectors to try (pool order or dicts); default: affine_grid(n, low, high, step)
+                      grid:Iterable|None=None,
                       low:float=-0.4, # smallest grid weight
                       high:float=1.4, # largest grid weight
                       step:float=0.2, # grid granularity
@@ -168,7 +170,8 @@ soup_grid_search = declare(MergeMethod(
 
 # %% ../../nbs/methods/21_soups.ipynb #da7569ff
 def _linear_rule(pretrained, experts,
-                 weights:Mapping|Sequence|None=None, # wᵢ per expert (dict by name or list in pool order); None: 1/n each
+                 # wᵢ per expert (dict by name or list in pool order); None: 1/n each
+                 weights:Mapping|Sequence|None=None,
                  normalize:bool=True, # divide the weights by their sum (mergekit's default)
                  *, info):
     "The weighted average with mergekit's defaults: Σᵢ wᵢ θᵢ / Σᵢ wᵢ."
@@ -179,4 +182,5 @@ linear = declare(MergeMethod(
     'linear', 'Linear (mergekit)', "mergekit's `linear`: θ = Σᵢ wᵢ θᵢ / Σᵢ wᵢ (its `normalize: true` default).", 'training-free',
     hypers={'weights': Hyper(source="mergekit's linear", type=float, per_expert=True),
             'normalize': Hyper(source='mergekit linear.py', type=bool)},
-    rule=_linear_rule, needs_pretrained=False, propagates_nonfinite=True, output_weights=_weighted_average_output_weights))
+    rule=_linear_rule, needs_pretrained=False, propagates_nonfinite=True,
+    output_weights=_weighted_average_output_weights))

@@ -54,8 +54,10 @@ def _nuslerp_rule(pretrained, experts,
 nuslerp = declare(MergeMethod(
     'nuslerp', 'NuSLERP', "NuSLERP: spherical interpolation of two models' task vectors (or weights), t = w₁/(w₀ + w₁), per tensor.",
     'training-free', hypers={
-        'weight': Hyper(source="mergekit: `weight` is required per model; 1.0 each gives t = 0.5", type=float, per_expert=True),
-        'row_wise': Hyper(source="mergekit's nuslerp_row_wise", type=bool), 'flatten': Hyper(source="mergekit's nuslerp_flatten", type=bool)},
+        'weight': Hyper(source="mergekit: `weight` is required per model; 1.0 each gives t = 0.5", type=float,
+                        per_expert=True),
+        'row_wise': Hyper(source="mergekit's nuslerp_row_wise", type=bool),
+        'flatten': Hyper(source="mergekit's nuslerp_flatten", type=bool)},
     rule=_nuslerp_rule, needs_pretrained=False, min_experts=2, max_experts=2, papers={'sota': {}}))
 
 # %% ../../nbs/methods/43_spherical.ipynb #2db3e1c8

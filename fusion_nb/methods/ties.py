@@ -167,7 +167,7 @@ def _model_thresholds(pretrained, experts, thresholds, k, delta_transform, round
 # %% ../../nbs/methods/23_ties.ipynb #19c01324
 def _ties_rule(pretrained, experts, *, scaling_factor, k, trim_scope, disjoint, thresholds, delta_transform, rounding,
                info, runtime):
-    "Trim (whole model or per tensor), elect signs by total mass, disjoint mean/sum, scale by λ: per tensor (every argument given)."
+    "Trim (whole model or per tensor), elect signs by total mass, disjoint mean/sum, scale by λ: per tensor."
     scope, dt, lam, names, rnd = trim_scope, delta_transform, scaling_factor, list(experts), rounding
     if scope == 'model':
         thr = _model_thresholds(pretrained, experts, thresholds, k, dt, rnd, runtime)
@@ -193,14 +193,17 @@ def _ties_merging_rule(pretrained, experts,
                        k:float=20, # percent of each task vector kept by trimming
                        # 'model': one threshold per task over the whole model (reference code, FusionBench); 'tensor': per tensor (mergekit)
                        trim_scope:str='model',
-                       disjoint:str='mean', # 'mean' (TIES paper) or 'sum' (FusionBench's merge_func, behind paper 000's numbers)
+                       # 'mean' (TIES paper) or 'sum' (FusionBench's merge_func, behind paper 000's numbers)
+                       disjoint:str='mean',
                        # whole-model thresholds from ties_thresholds with the same k, e.g. reused across a λ sweep
                        thresholds:TiesThresholds|None=None,
-                       delta_transform:Callable|None=None, # (name, key, τ) → τ applied before trimming, deterministic (DARE-TIES)
+                       # (name, key, τ) → τ applied before trimming, deterministic (DARE-TIES)
+                       delta_transform:Callable|None=None,
                        *, info, runtime):
     "TIES-merging as its reference code runs it: keep ⌈k·d/100⌉ entries of each task vector."
     return _ties_rule(pretrained, experts, scaling_factor=scaling_factor, k=k, trim_scope=trim_scope, disjoint=disjoint,
-                      thresholds=thresholds, delta_transform=delta_transform, rounding='ceil', info=info, runtime=runtime)
+                      thresholds=thresholds, delta_transform=delta_transform, rounding='ceil',
+                      info=info, runtime=runtime)
 
 # %% ../../nbs/methods/23_ties.ipynb #817d9210
 TIES_HYPERS = {   # what the TIES-based methods' signatures cannot say: sources, types, allowed values
@@ -219,7 +222,8 @@ ties_merging = declare(MergeMethod(
 def naive_ties_vector(taus:Tensor, # (experts, d) task vectors, each flattened over the whole model
                       k:float, # percent kept
                       disjoint:str='mean', # 'mean' or 'sum'
-                      thresholds:Tensor|None=None, # (experts, d) per-entry thresholds (default: each row's top-k% by `topk`)
+                      # (experts, d) per-entry thresholds (default: each row's top-k% by `topk`)
+                      thresholds:Tensor|None=None,
                      )->Tensor:
     "The merged task vector by the textbook steps on dense flat vectors (`topk`, `sign`): the naive reference the tests compare with."
     if thresholds is None: thresholds = taus.abs().topk(math.ceil(k * taus.shape[1] / 100), dim=1).values[:, -1:]
@@ -228,26 +232,30 @@ def naive_ties_vector(taus:Tensor, # (experts, d) task vectors, each flattened o
     sel = tr * (tr.sign() == s)
     return sel.sum(0) / ((sel != 0).sum(0).clamp(min=1) if disjoint == 'mean' else 1)
 
-
 # %% ../../nbs/methods/23_ties.ipynb #76179eb4
 def _mergekit_ties_rule(pretrained, experts,
                         scaling_factor:float=1.0, # λ
                         k:float=20, # percent of each task vector kept by trimming
                         trim_scope:str='tensor', # per tensor, as mergekit trims
-                        disjoint:str='mean', # 'mean' (TIES paper) or 'sum' (FusionBench's merge_func, behind paper 000's numbers)
+                        # 'mean' (TIES paper) or 'sum' (FusionBench's merge_func, behind paper 000's numbers)
+                        disjoint:str='mean',
                         # whole-model thresholds from ties_thresholds with the same k, e.g. reused across a λ sweep
                         thresholds:TiesThresholds|None=None,
-                        delta_transform:Callable|None=None, # (name, key, τ) → τ applied before trimming, deterministic (DARE-TIES)
-                        rounding:str='floor', # keep count: mergekit's int(k/100·n) ('floor') or ⌈k·n/100⌉ ('ceil', ties_merging's)
+                        # (name, key, τ) → τ applied before trimming, deterministic (DARE-TIES)
+                        delta_transform:Callable|None=None,
+                        # keep count: mergekit's int(k/100·n) ('floor') or ⌈k·n/100⌉ ('ceil', ties_merging's)
+                        rounding:str='floor',
                         *, info, runtime):
     "TIES-merging as mergekit runs it: per tensor, int(k/100·n) entries kept, λ = 1."
     return _ties_rule(pretrained, experts, scaling_factor=scaling_factor, k=k, trim_scope=trim_scope, disjoint=disjoint,
-                      thresholds=thresholds, delta_transform=delta_transform, rounding=rounding, info=info, runtime=runtime)
+                      thresholds=thresholds, delta_transform=delta_transform, rounding=rounding,
+                      info=info, runtime=runtime)
 
 # %% ../../nbs/methods/23_ties.ipynb #96828914
 ties = declare(MergeMethod(
     'ties', 'TIES (per tensor, mergekit)', "TIES-merging as mergekit's `ties` runs it: per-tensor top-k%, disjoint mean, λ = 1.", 'training-free',
-    hypers={**TIES_HYPERS, 'scaling_factor': Hyper(source="mergekit's ties (weights normalised, no extra scale)", type=float),
+    hypers={**TIES_HYPERS,
+            'scaling_factor': Hyper(source="mergekit's ties (weights normalised, no extra scale)", type=float),
             'trim_scope': Hyper(source="mergekit's ties", type=str, choices=('model', 'tensor')),
             'rounding': Hyper(source='mergekit sparsify.magnitude', type=str, choices=ROUNDINGS)},
     rule=_mergekit_ties_rule))
