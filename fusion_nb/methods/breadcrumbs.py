@@ -6,7 +6,8 @@ Docs: https://fusion-nb.github.io/fusion_nb/methods/breadcrumbs.html.md"""
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #796afed3
 from __future__ import annotations
-from typing import Callable
+from functools import partial
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -15,8 +16,8 @@ from ..core import check_range
 from .registry import Hyper, MergeMethod, declare, expert_weights
 
 # %% auto #0
-__all__ = ['BREADCRUMBS_HYPERS', 'SOTA_BREADCRUMBS', 'breadcrumbs', 'breadcrumbs_ties', 'sign_consensus', 'gta_mix',
-           'l1_rescaled', 'stable_lowest', 'magnitude_outliers', 'gta_rule', 'gta_hypers']
+__all__ = ['GTA_HYPERS', 'BREADCRUMBS_HYPERS', 'SOTA_BREADCRUMBS', 'breadcrumbs', 'breadcrumbs_ties', 'sign_consensus', 'gta_mix',
+           'l1_rescaled', 'stable_lowest', 'magnitude_outliers', 'gta_rule']
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #aaa81d68
 def sign_consensus(deltas:Tensor, # (n_experts, ...) weighted task vectors
@@ -87,44 +88,59 @@ def magnitude_outliers(tau:Tensor, # a task-vector tensor
 def gta_rule(sparsify:Callable|None, # (name, key, τ, hp) → sparsified τ; None: keep τ
              consensus:bool, # mergekit's sign consensus (the `_ties` variants)
             )->Callable:
-    "A per-tensor rule θ₀ + λ·gta_mix(sparsified δᵢ, wᵢ) for `MergeMethod(rule=...)` (density per expert, as mergekit allows)."
-    def rule(pretrained, experts, hp, info, runtime):
-        w = expert_weights(hp['weight'], list(experts), 1.0, name='weight')
-        dens = expert_weights(hp['density'], list(experts), 1.0, name='density')
+    "`(pretrained, experts, hp) → merge_tensor`: per tensor θ₀ + λ·gta_mix(sparsified δᵢ, wᵢ), one density per expert."
+    def rule(pretrained, experts, hp, info=None, runtime=None):   # hp: a declared rule's settings, or a config's
+        w = expert_weights(hp['weight'], list(experts), name='weight')
+        dens = expert_weights(hp['density'], list(experts), name='density')
         def merge_tensor(key, pre, ts):
             deltas = torch.empty((len(ts), *pre.shape), dtype=pre.dtype, device=pre.device)   # filled expert by expert: no list beside the stack
             for i, (n, t) in enumerate(ts.items()):
                 deltas[i] = t - pre if sparsify is None else sparsify(n, key, t - pre, {**hp, 'density': dens[n]})
             weights = torch.tensor([w[n] for n in ts], dtype=pre.dtype, device=pre.device)
-            return gta_mix(deltas, weights, consensus, hp['normalize'], overwrite=True).mul_(hp.get('scaling_factor', 1.0)).add_(pre)
+            mixed = gta_mix(deltas, weights, consensus, hp['normalize'], overwrite=True)
+            return mixed.mul_(hp.get('scaling_factor', 1.0)).add_(pre)   # a mergekit config may give no λ
         return merge_tensor
     return rule
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #c123dd10
-def gta_hypers(normalize:bool, rescale:bool, rescale_doc:str)->dict:
-    "The hyperparameters every generalized-task-arithmetic method has, with mergekit's defaults for this method."
-    return {'weight': Hyper(1.0, 'wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off',
-                            "mergekit: `weight` is required per model; 1.0 adds each task vector whole", float, per_expert=True),
-            'density': Hyper(1.0, 'fraction of each task vector kept, or one per expert', "mergekit's tensor parameter default (1.0: nothing dropped)",
-                             float, interval='(0, 1]', per_expert=True),
-            'scaling_factor': Hyper(1.0, 'λ, multiplying the mixed task vector', "mergekit's generalized task arithmetic `lambda`", float),
-            'normalize': Hyper(normalize, 'divide by the sum of the (agreeing) weights', "mergekit's registry for this method", bool),
-            'rescale': Hyper(rescale, rescale_doc, "mergekit's registry for this method", bool)}
+GTA_HYPERS = {   # what every generalized-task-arithmetic method's signature cannot say: sources, types, allowed values
+    'weight': Hyper(source="mergekit: `weight` is required per model; 1.0 adds each task vector whole", type=float,
+                    per_expert=True),
+    'density': Hyper(source="mergekit's tensor parameter default (1.0: nothing dropped)", type=float, interval='(0, 1]',
+                     per_expert=True),
+    'scaling_factor': Hyper(source="mergekit's generalized task arithmetic `lambda`", type=float),
+    'normalize': Hyper(source="mergekit's registry for this method", type=bool),
+    'rescale': Hyper(source="mergekit's registry for this method", type=bool)}
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #c86d0a69
 def _breadcrumbs_sparsify(name, key, tau, hp): return magnitude_outliers(tau, hp['density'], hp['gamma'], hp['rescale'])
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #4bf1d783
-BREADCRUMBS_HYPERS = {**gta_hypers(False, False, 'rescale the kept entries to the L1 norm before masking'),
-                      'gamma': Hyper(0.01, 'fraction of the largest entries removed', "mergekit's breadcrumbs tensor parameter",
-                                     float, interval='[0, 1]')}
-SOTA_BREADCRUMBS = dict(weight=0.3, density=0.2, gamma=0.01)   # our row: paper 000's λ as the weight, TIES's 20 % kept, 1 % outliers
+def _breadcrumbs_rule(pretrained, experts,
+                      # wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off
+                      weight:float|Mapping|Sequence=1.0,
+                      density:float|Mapping|Sequence=1.0, # fraction of each task vector kept, or one per expert
+                      scaling_factor:float=1.0, # λ, multiplying the mixed task vector
+                      normalize:bool=False, # divide by the sum of the (agreeing) weights
+                      rescale:bool=False, # rescale the kept entries to the L1 norm before masking
+                      gamma:float=0.01, # fraction of the largest entries removed
+                      *, consensus:bool):
+    "Each task vector's band (outliers and small entries cut), then the weighted sum (`consensus`: of agreeing ones)."
+    hp = dict(weight=weight, density=density, scaling_factor=scaling_factor, normalize=normalize, rescale=rescale,
+              gamma=gamma)
+    return gta_rule(_breadcrumbs_sparsify, consensus)(pretrained, experts, hp)
+
+BREADCRUMBS_HYPERS = {**GTA_HYPERS,
+                      'gamma': Hyper(source="mergekit's breadcrumbs tensor parameter", type=float, interval='[0, 1]')}
+SOTA_BREADCRUMBS = dict(weight=0.3, density=0.2)   # our row: paper 000's λ as weight, TIES's 20 % kept (γ: 1 % cut)
 
 breadcrumbs = declare(MergeMethod(
     'breadcrumbs', 'Model Breadcrumbs', 'θ = θ₀ + Σᵢ wᵢ·band(τᵢ): drop the largest γ and the smallest entries of each task vector, per tensor.',
-    'training-free', hypers=BREADCRUMBS_HYPERS, rule=gta_rule(_breadcrumbs_sparsify, consensus=False), papers={'sota': SOTA_BREADCRUMBS}))
+    'training-free', hypers=BREADCRUMBS_HYPERS, rule=partial(_breadcrumbs_rule, consensus=False),
+    papers={'sota': SOTA_BREADCRUMBS}))
 
 # %% ../../nbs/methods/40_breadcrumbs.ipynb #1d289f75
 breadcrumbs_ties = declare(MergeMethod(
     'breadcrumbs_ties', 'Model Breadcrumbs (TIES)', 'Breadcrumbs bands, then TIES sign election: Σ of the agreeing wᵢ·band(τᵢ), per tensor.',
-    'training-free', hypers=BREADCRUMBS_HYPERS, rule=gta_rule(_breadcrumbs_sparsify, consensus=True), papers={'sota': SOTA_BREADCRUMBS}))
+    'training-free', hypers=BREADCRUMBS_HYPERS, rule=partial(_breadcrumbs_rule, consensus=True),
+    papers={'sota': SOTA_BREADCRUMBS}))

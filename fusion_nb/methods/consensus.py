@@ -31,29 +31,40 @@ def consensus_mask(taus:Tensor, # (n_tasks, ...) task vectors
     return tall_task_masks(taus, lam).sum(0) >= k
 
 # %% ../../nbs/methods/44_consensus.ipynb #a6eab060
-def _consensus_ta_rule(pretrained, experts, hp, info, runtime):
+def _consensus_ta_rule(pretrained, experts,
+                       consensus_k:int=2, # least number of tasks whose TALL masks hold a weight
+                       tall_lambda:float=0.6, # λ of the TALL masks
+                       scaling_factor:float=0.3, # α on the masked multi-task vector
+                      ):
     "Per tensor θ₀ + α·m_cons ⊙ Σₜ τₜ."
     def merge_tensor(key, pre, ts):
         taus = torch.stack([t - pre for t in ts.values()])
-        return pre + hp['scaling_factor'] * consensus_mask(taus, hp['tall_lambda'], hp['consensus_k']) * taus.sum(0)
+        return pre + scaling_factor * consensus_mask(taus, tall_lambda, consensus_k) * taus.sum(0)
     return merge_tensor
 
 # %% ../../nbs/methods/44_consensus.ipynb #552aae07
-def _consensus_ties_rule(pretrained, experts, hp, info, runtime):
+def _consensus_ties_rule(pretrained, experts,
+                         consensus_k:int=2, # least number of tasks whose TALL masks hold a weight
+                         tall_lambda:float=0.6, # λ of the TALL masks
+                         scaling_factor:float=0.3, # α on the masked multi-task vector
+                         k:float=20, # percent of each task vector kept by trimming
+                         trim_scope:str='model', # TIES trimming over the whole model
+                         disjoint:str='sum', # TIES disjoint merge
+                         *, info, runtime):
     "Per tensor θ₀ + α·m_cons ⊙ τ_TIES (TIES with λ = 1, its thresholds over the whole model)."
-    ties = _ties_rule(pretrained, experts, {**hp, 'scaling_factor': 1.0, 'delta_transform': None, 'thresholds': None}, info, runtime)
+    ties = _ties_rule(pretrained, experts, scaling_factor=1.0, k=k, trim_scope=trim_scope, disjoint=disjoint,
+                      thresholds=None, delta_transform=None, rounding='ceil', info=info, runtime=runtime)
     def merge_tensor(key, pre, ts):
-        mask = consensus_mask(torch.stack([t - pre for t in ts.values()]), hp['tall_lambda'], hp['consensus_k'])
-        return pre + hp['scaling_factor'] * mask * (ties(key, pre, ts) - pre)
+        mask = consensus_mask(torch.stack([t - pre for t in ts.values()]), tall_lambda, consensus_k)
+        return pre + scaling_factor * mask * (ties(key, pre, ts) - pre)
     return merge_tensor
 
 # %% ../../nbs/methods/44_consensus.ipynb #e275367a
 CONSENSUS_HYPERS = {
-    'consensus_k': Hyper(2, 'least number of tasks whose TALL masks hold a weight', "paper: k = 2 (authors' `method.prun_thre_k=2`)",
-                         int, interval='[0, inf)'),
-    'tall_lambda': Hyper(0.6, 'λ of the TALL masks', "FusionBench's tall_mask/task_arithmetic.yaml (the paper validates λ ∈ {0.2, …, 0.6})",
-                         float, interval='[0, inf)'),
-    'scaling_factor': Hyper(0.3, 'α on the masked multi-task vector', "ours: paper 000's λ (the paper tunes α on validation)", float)}
+    'consensus_k': Hyper(source="paper: k = 2 (authors' `method.prun_thre_k=2`)", type=int, interval='[0, inf)'),
+    'tall_lambda': Hyper(source="FusionBench's tall_mask/task_arithmetic.yaml (the paper validates λ ∈ {0.2, …, 0.6})",
+                         type=float, interval='[0, inf)'),
+    'scaling_factor': Hyper(source="ours: paper 000's λ (the paper tunes α on validation)", type=float)}
 
 consensus_ta = declare(MergeMethod(
     'consensus_ta', 'Consensus TA', 'θ = θ₀ + α·m_cons ⊙ Σₜ τₜ, m_cons: weights in at least k tasks\' TALL masks.', 'training-free',
@@ -63,7 +74,7 @@ consensus_ta = declare(MergeMethod(
 consensus_ties = declare(MergeMethod(
     'consensus_ties', 'Consensus TIES', 'θ = θ₀ + α·m_cons ⊙ τ_TIES (top-20 % per task, elected signs, disjoint sum).', 'training-free',
     hypers={**CONSENSUS_HYPERS, 'k': TIES_HYPERS['k'],
-            'trim_scope': Hyper('model', 'TIES trimming over the whole model', "authors' code: ties_merging on flattened models",
-                                str, choices=('model', 'tensor')),
-            'disjoint': Hyper('sum', 'TIES disjoint merge', "authors' code: merge_func='dis-sum'", str, choices=('mean', 'sum'))},
+            'trim_scope': Hyper(source="authors' code: ties_merging on flattened models", type=str,
+                                choices=('model', 'tensor')),
+            'disjoint': Hyper(source="authors' code: merge_func='dis-sum'", type=str, choices=('mean', 'sum'))},
     rule=_consensus_ties_rule, min_experts=1, papers={'sota': {}}))

@@ -42,13 +42,17 @@ def dare_transform(p:float, # drop probability
     return f
 
 # %% ../../nbs/methods/24_dare.ipynb #c84a0c4b
-DARE_HYPERS = {'p': Hyper(0.5, 'drop probability', "FusionBench's dare/task_arithmetic.yaml", float, interval='[0, 1)'),
-               'seed': Hyper(0, 'random seed of the masks', type=int),
-               'rescale': Hyper(True, 'rescale kept entries by 1/(1 − p)', 'DARE paper, eq. 2', bool)}
+DARE_HYPERS = {'p': Hyper(source="FusionBench's dare/task_arithmetic.yaml", type=float, interval='[0, 1)'),
+               'seed': Hyper(type=int), 'rescale': Hyper(source='DARE paper, eq. 2', type=bool)}
 
-def _dare_task_arithmetic_rule(pretrained, experts, hp, info, runtime):
+def _dare_task_arithmetic_rule(pretrained, experts,
+                               p:float=0.5, # drop probability
+                               seed:int=0, # random seed of the masks
+                               rescale:bool=True, # rescale kept entries by 1/(1 − p)
+                               scaling_factor:float=0.3, # λ
+                              ):
     "Per tensor θ₀ + λ Σᵢ DARE(τᵢ)."
-    drop, lam = dare_transform(hp['p'], hp['seed'], hp['rescale']), hp['scaling_factor']
+    drop, lam = dare_transform(p, seed, rescale), scaling_factor
     def merge_tensor(key, pre, ts):
         out = pre.clone()
         for n, t in ts.items(): out += lam * drop(n, key, t - pre)
@@ -58,18 +62,29 @@ def _dare_task_arithmetic_rule(pretrained, experts, hp, info, runtime):
 # %% ../../nbs/methods/24_dare.ipynb #9fdc1ffe
 dare_task_arithmetic = declare(MergeMethod(
     'dare_task_arithmetic', 'DARE (TA)', 'θ = θ₀ + λ Σᵢ DARE(τᵢ): task arithmetic on randomly dropped-and-rescaled task vectors.', 'training-free',
-    hypers={**DARE_HYPERS, 'scaling_factor': Hyper(0.3, 'λ', "FusionBench's dare/task_arithmetic.yaml", float)},
+    hypers={**DARE_HYPERS, 'scaling_factor': Hyper(source="FusionBench's dare/task_arithmetic.yaml", type=float)},
     rule=_dare_task_arithmetic_rule, aliases=('dare',), papers={'004': {}}))
 
 # %% ../../nbs/methods/24_dare.ipynb #5bbc3443
-def _dare_ties_rule(pretrained, experts, hp, info, runtime):
+def _dare_ties_rule(pretrained, experts,
+                    p:float=0.5, # drop probability
+                    seed:int=0, # random seed of the masks
+                    rescale:bool=True, # rescale kept entries by 1/(1 − p)
+                    k:float=20, # percent of each task vector kept by trimming
+                    # 'model': one threshold per task over the whole model (reference code, FusionBench); 'tensor': per tensor (mergekit)
+                    trim_scope:str='model',
+                    scaling_factor:float=0.5, # λ
+                    disjoint:str='sum', # 'mean' or 'sum'
+                    *, info, runtime):
     "TIES on DARE-sparsified task vectors: drop and rescale first, then trim, elect, disjoint merge."
-    return _ties_rule(pretrained, experts, {**hp, 'thresholds': None, 'delta_transform': dare_transform(hp['p'], hp['seed'], hp['rescale'])}, info, runtime)
+    return _ties_rule(pretrained, experts, scaling_factor=scaling_factor, k=k, trim_scope=trim_scope, disjoint=disjoint,
+                      thresholds=None, delta_transform=dare_transform(p, seed, rescale), rounding='ceil',
+                      info=info, runtime=runtime)
 
 # %% ../../nbs/methods/24_dare.ipynb #283760a4
 dare_ties = declare(MergeMethod(
     'dare_ties', 'DARE (TIES)', 'TIES-merging of DARE-sparsified task vectors.', 'training-free',
     hypers={**DARE_HYPERS, **{k: TIES_HYPERS[k] for k in ('k', 'trim_scope')},
-            'scaling_factor': Hyper(0.5, 'λ', "FusionBench's dare/ties_merging.yaml", float),
-            'disjoint': Hyper('sum', "'mean' or 'sum'", "FusionBench's dare/ties_merging.yaml", str, choices=('mean', 'sum'))},
+            'scaling_factor': Hyper(source="FusionBench's dare/ties_merging.yaml", type=float),
+            'disjoint': Hyper(source="FusionBench's dare/ties_merging.yaml", type=str, choices=('mean', 'sum'))},
     rule=_dare_ties_rule, papers={'004': {}}))

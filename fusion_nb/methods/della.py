@@ -57,9 +57,14 @@ def magprune(tau:Tensor, # a task-vector tensor
     return out / p if rescale else out
 
 # %% ../../nbs/methods/25_della.ipynb #126bba27
-def _della_rule(pretrained, experts, hp, info, runtime):
+def _della_rule(pretrained, experts,
+                density:float=0.7, # mean keep probability
+                epsilon:float=0.07, # half-width of the keep-probability window
+                scaling_factor:float=1.1, # λ applied after fusing
+                seed:int=0, # random seed of the masks
+                rescale:bool=True, # rescale kept entries by 1/pⱼ
+               ):
     "Per tensor: MagPrune each task vector, elect signs, disjoint mean, scale by λ."
-    density, epsilon, seed, rescale = hp['density'], hp['epsilon'], hp['seed'], hp['rescale']
     check_della(density, epsilon)
     def merge_tensor(key, pre, ts):
         probs = {}  # keep probabilities per expert, sorted once per tensor
@@ -67,15 +72,14 @@ def _della_rule(pretrained, experts, hp, info, runtime):
             tau = ts[n] - pre
             if n not in probs: probs[n] = magprune_probabilities(tau, density, epsilon)
             return magprune(tau, density, epsilon, tensor_generator(seed, 'della', n, key), rescale, probs[n])
-        return pre + hp['scaling_factor'] * elect_and_merge(pruned, list(ts), 'mean')  # same seed → same mask on both calls
+        return pre + scaling_factor * elect_and_merge(pruned, list(ts), 'mean')  # same seed → same mask on both calls
     return merge_tensor
 
 # %% ../../nbs/methods/25_della.ipynb #eae18245
 della = declare(MergeMethod(
     'della', 'DELLA', 'DELLA: MagPrune each task vector (rank-based keep probabilities, rescale 1/pⱼ), elect signs, disjoint mean, scale by λ.', 'training-free',
-    hypers={'density': Hyper(0.7, 'mean keep probability', 'DELLA README: drop rate 0.3', float, interval='(0, 1]'),
-            'epsilon': Hyper(0.07, 'half-width of the keep-probability window', 'DELLA README: window size 0.14', float, interval='[0, inf)'),
-            'scaling_factor': Hyper(1.1, 'λ applied after fusing', 'DELLA README: lambda 1.1', float),
-            'seed': Hyper(0, 'random seed of the masks', type=int),
-            'rescale': Hyper(True, 'rescale kept entries by 1/pⱼ', 'DELLA paper, §3', bool)},
+    hypers={'density': Hyper(source='DELLA README: drop rate 0.3', type=float, interval='(0, 1]'),
+            'epsilon': Hyper(source='DELLA README: window size 0.14', type=float, interval='[0, inf)'),
+            'scaling_factor': Hyper(source='DELLA README: lambda 1.1', type=float),
+            'seed': Hyper(type=int), 'rescale': Hyper(source='DELLA paper, §3', type=bool)},
     rule=_della_rule, papers={'004': {}}))

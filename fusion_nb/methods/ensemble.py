@@ -7,7 +7,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/methods/ensemble.html.md"""
 # %% ../../nbs/methods/28_ensemble.ipynb #c9ac4fb6
 from __future__ import annotations
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -45,7 +45,10 @@ def is_ensemble(obj)->bool:
     return isinstance(obj, EnsembleSpec)
 
 # %% ../../nbs/methods/28_ensemble.ipynb #8a1c06cd
-def _ensemble(pretrained, experts, *, weights, combine, check):
+def _ensemble(pretrained, experts,
+              weights:Mapping|Sequence|None=None, # per-member weights (default uniform); normalised to sum to 1
+              combine:str='probs', # 'probs' (mean of softmax, paper 002) or 'logits'
+              *, check):
     "The experts as an `EnsembleSpec` the evaluation runs member by member."
     w = expert_weights(weights, list(experts), 1.0)
     if any(v < 0 for v in w.values()) or sum(w.values()) <= 0:
@@ -58,6 +61,6 @@ def _ensemble(pretrained, experts, *, weights, combine, check):
 # %% ../../nbs/methods/28_ensemble.ipynb #8cdf1b37
 ensemble = declare(MergeMethod(
     'ensemble', 'Ensemble (outputs)', 'Output-space ensemble of the experts, as a spec the evaluation runs member by member.', 'output-space',
-    hypers={'weights': Hyper(None, 'per-member weights (default uniform); normalised to sum to 1', type=float, per_expert=True),
-            'combine': Hyper('probs', "'probs' (mean of softmax, paper 002) or 'logits'", 'paper 002 §5 (ensembles)', str, choices=('probs', 'logits'))},
+    hypers={'weights': Hyper(type=float, per_expert=True),
+            'combine': Hyper(source='paper 002 §5 (ensembles)', type=str, choices=('probs', 'logits'))},
     fuse=_ensemble, needs_pretrained=False, papers={'002': {}}))

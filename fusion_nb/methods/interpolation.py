@@ -33,23 +33,28 @@ def slerp_tensor(v0:Tensor, # first tensor
     return (math.sin((1 - t) * omega) / s) * v0 + (math.sin(t * omega) / s) * v1
 
 # %% ../../nbs/methods/27_interpolation.ipynb #32f1c158
-def _slerp_rule(pretrained, experts, hp, info, runtime):
+def _slerp_rule(pretrained, experts,
+                t:float=0.5, # interpolation position in [0, 1]
+                dot_threshold:float=0.9995, # |cos Ω| above which tensors are interpolated linearly
+                *, info):
     "Per tensor, SLERP from the first model (t = 0) to the second (t = 1)."
     a, b = list(experts)
     info['models'] = [a, b]
-    return lambda key, pre, ts: slerp_tensor(ts[a], ts[b], hp['t'], hp['dot_threshold'])
+    return lambda key, pre, ts: slerp_tensor(ts[a], ts[b], t, dot_threshold)
 
 # %% ../../nbs/methods/27_interpolation.ipynb #c7270629
 slerp = declare(MergeMethod(
     'slerp', 'SLERP', 'SLERP between exactly two models, tensor by tensor.', 'training-free',
-    hypers={'t': Hyper(0.5, 'interpolation position in [0, 1]', "FusionBench's slerp.yaml", float, interval='[0, 1]'),
-            'dot_threshold': Hyper(0.9995, '|cos Ω| above which tensors are interpolated linearly', "mergekit's slerp", float, interval='[0, 1]')},
+    hypers={'t': Hyper(source="FusionBench's slerp.yaml", type=float, interval='[0, 1]'),
+            'dot_threshold': Hyper(source="mergekit's slerp", type=float, interval='[0, 1]')},
     rule=_slerp_rule, needs_pretrained=False, min_experts=2, max_experts=2))
 
 # %% ../../nbs/methods/27_interpolation.ipynb #73b9165c
-def _wise_ft_rule(pretrained, experts, hp, info, runtime):
+def _wise_ft_rule(pretrained, experts,
+                  alpha:float=0.5, # mixing coefficient α
+                  *, info):
     "Per tensor (1 − α)·θ₀ + α·θ_ft."
-    (name,), alpha = experts, hp['alpha']
+    (name,) = experts
     info['model'] = name
     return lambda key, pre, ts: (1 - alpha) * pre + alpha * ts[name]
 
@@ -61,6 +66,6 @@ def _wise_ft_output_weights(result, names, hp):
 # %% ../../nbs/methods/27_interpolation.ipynb #f72264db
 wise_ft = declare(MergeMethod(
     'wise_ft', 'WiSE-FT', 'WiSE-FT: θ = (1 − α)·θ_zero-shot + α·θ_fine-tuned.', 'training-free',
-    hypers={'alpha': Hyper(0.5, 'mixing coefficient α', "paper 003's default (WiSE-FT α = 0.5)", float, interval='[0, 1]')},
+    hypers={'alpha': Hyper(source="paper 003's default (WiSE-FT α = 0.5)", type=float, interval='[0, 1]')},
     rule=_wise_ft_rule, min_experts=1, max_experts=1, propagates_nonfinite=True, papers={'003': {}},
     output_weights=_wise_ft_output_weights))

@@ -6,13 +6,14 @@ Docs: https://fusion-nb.github.io/fusion_nb/methods/linear_sparse.html.md"""
 
 # %% ../../nbs/methods/41_linear_sparse.ipynb #200821dd
 from __future__ import annotations
+from typing import Mapping, Sequence
 import torch
 
 from ..core import HyperparameterError
 from .registry import Hyper, MergeMethod, declare, tensor_generator
 from .dare import dare_drop
 from .della import magprune
-from .breadcrumbs import gta_rule, gta_hypers, l1_rescaled
+from .breadcrumbs import GTA_HYPERS, gta_rule, l1_rescaled
 
 # %% auto #0
 __all__ = ['dare_linear', 'della_linear', 'dare_sparsify', 'magprune_sparsify']
@@ -35,17 +36,46 @@ def magprune_sparsify(name, key, tau, hp):
     return l1_rescaled(tau, kept) if hp['rescale'] else kept
 
 # %% ../../nbs/methods/41_linear_sparse.ipynb #390bbc2e
-_SEED = Hyper(0, 'random seed of the masks', 'ours: masks drawn per (seed, expert, tensor), reproducible', int)
+def _dare_linear_rule(pretrained, experts,
+                      # wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off
+                      weight:float|Mapping|Sequence=1.0,
+                      density:float|Mapping|Sequence=1.0, # fraction of each task vector kept, or one per expert
+                      scaling_factor:float=1.0, # λ, multiplying the mixed task vector
+                      normalize:bool=False, # divide by the sum of the (agreeing) weights
+                      rescale:bool=True, # scale the kept entries back to τ's L1 norm (mergekit's rescale)
+                      seed:int=0, # random seed of the masks
+                     ):
+    "θ₀ + λ Σᵢ wᵢ·DARE(τᵢ) through `gta_rule`, no sign consensus."
+    hp = dict(weight=weight, density=density, scaling_factor=scaling_factor, normalize=normalize, rescale=rescale,
+              seed=seed)
+    return gta_rule(dare_sparsify, consensus=False)(pretrained, experts, hp)
+
+_SEED = Hyper(source='ours: masks drawn per (seed, expert, tensor), reproducible', type=int)
 
 dare_linear = declare(MergeMethod(
     'dare_linear', 'DARE (linear, mergekit)', "θ = θ₀ + Σᵢ wᵢ·DARE(τᵢ): keep each entry with probability density, back to τ's L1 norm; no sign election.",
-    'training-free', hypers={**gta_hypers(False, True, "scale the kept entries back to τ's L1 norm (mergekit's rescale)"), 'seed': _SEED},
-    rule=gta_rule(dare_sparsify, consensus=False), papers={'sota': dict(weight=0.3, density=0.5)}))
+    'training-free', hypers={**GTA_HYPERS, 'seed': _SEED}, rule=_dare_linear_rule,
+    papers={'sota': dict(weight=0.3, density=0.5)}))
 
 # %% ../../nbs/methods/41_linear_sparse.ipynb #4c94d9d3
+def _della_linear_rule(pretrained, experts,
+                       # wᵢ, or one per expert (dict by name or list in pool order); λ when normalize is off
+                       weight:float|Mapping|Sequence=1.0,
+                       density:float|Mapping|Sequence=1.0, # fraction of each task vector kept, or one per expert
+                       scaling_factor:float=1.0, # λ, multiplying the mixed task vector
+                       normalize:bool=False, # divide by the sum of the (agreeing) weights
+                       rescale:bool=True, # scale the kept entries back to τ's L1 norm (mergekit's rescale)
+                       seed:int=0, # random seed of the masks
+                       epsilon:float=0.15, # half-width of the keep-probability window
+                      ):
+    "θ₀ + λ Σᵢ wᵢ·MagPrune(τᵢ) through `gta_rule`, no sign consensus."
+    hp = dict(weight=weight, density=density, scaling_factor=scaling_factor, normalize=normalize, rescale=rescale,
+              seed=seed, epsilon=epsilon)
+    return gta_rule(magprune_sparsify, consensus=False)(pretrained, experts, hp)
+
 della_linear = declare(MergeMethod(
     'della_linear', 'DELLA (linear, mergekit)', 'θ = θ₀ + Σᵢ wᵢ·MagPrune(τᵢ): magnitude-ranked keep probabilities, rescaled; no sign election.',
-    'training-free', hypers={**gta_hypers(False, True, "scale the kept entries back to τ's L1 norm (mergekit's rescale)"), 'seed': _SEED,
-                             'epsilon': Hyper(0.15, 'half-width of the keep-probability window', "mergekit's della `epsilon` default",
-                                              float, interval='[0, 1)')},
-    rule=gta_rule(magprune_sparsify, consensus=False), papers={'sota': dict(weight=0.3, density=0.7, epsilon=0.07)}))
+    'training-free', hypers={**GTA_HYPERS, 'seed': _SEED,
+                             'epsilon': Hyper(source="mergekit's della `epsilon` default", type=float,
+                                              interval='[0, 1)')},
+    rule=_della_linear_rule, papers={'sota': dict(weight=0.3, density=0.7, epsilon=0.07)}))

@@ -45,12 +45,15 @@ def mean_cosine(taus:Tensor, # (k, d) task vectors
     return float(c.mean()) if reduction == 'cosine' else float(torch.cos(torch.arccos(c).mean()))
 
 # %% ../../nbs/methods/26_model_stock.ipynb #2578deca
-def _model_stock_rule(pretrained, experts, hp, info, runtime):
+def _model_stock_rule(pretrained, experts,
+                      # for k > 2: 'cosine' (mean pairwise cosine, mergekit) or 'angle' (mean pairwise angle, FusionBench)
+                      reduction:str='cosine',
+                      *, info):
     "Per tensor θ = t·mean(θᵢ) + (1 − t)·θ₀, with t from the task vectors' mean cosine."
     k, ratios = len(experts), info.setdefault('ratios', {})
     def merge_tensor(key, pre, ts):
         taus = torch.stack([(t - pre).flatten() for t in ts.values()])
-        t = ratios[key] = model_stock_ratio(mean_cosine(taus, hp['reduction']), k)
+        t = ratios[key] = model_stock_ratio(mean_cosine(taus, reduction), k)
         return t * (sum(ts.values()) / k) + (1 - t) * pre
     return merge_tensor
 
@@ -63,7 +66,6 @@ def _model_stock_output_weights(result, names, hp):
 # %% ../../nbs/methods/26_model_stock.ipynb #5409ddb9
 model_stock = declare(MergeMethod(
     'model_stock', 'Model Stock', 'Model Stock: per tensor, θ = t·mean(θᵢ) + (1 − t)·θ₀ with t = k·cos θ / (1 + (k − 1)·cos θ).', 'training-free',
-    hypers={'reduction': Hyper('cosine', "for k > 2: 'cosine' (mean pairwise cosine, mergekit) or 'angle' (mean pairwise angle, FusionBench)",
-                               'mergekit model_stock', str, choices=('cosine', 'angle'))},
+    hypers={'reduction': Hyper(source='mergekit model_stock', type=str, choices=('cosine', 'angle'))},
     rule=_model_stock_rule, min_experts=2, propagates_nonfinite=True, papers={'004': {}},
     output_weights=_model_stock_output_weights))

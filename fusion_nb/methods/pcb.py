@@ -73,10 +73,16 @@ def pcb_bounds(pretrained, experts:dict, ratio:float, clamp_ratio:float, progres
     return dict(lo=lo, hi=hi, s_lo=col(q2, 'q'), s_hi=col(q2, 'max'))
 
 # %% ../../nbs/methods/45_pcb.ipynb #0180295b
-def _pcb_rule(pretrained, experts, hp, info, runtime):
+def _pcb_rule(pretrained, experts,
+              pcb_ratio:float=0.1, # r: fraction of each task vector kept (by score)
+              clamp_ratio:float=0.0001, # fraction of the smallest and of the largest |τ| clamped
+              scaling_factor:float=1.0, # λ
+              # 'model': quantiles over the whole model (authors); 'tensor': per tensor (mergekit's pcb.py)
+              scope:str='model',
+              *, runtime):
     "Per tensor θ₀ + λ·τ_PCB, with the bounds of the whole model (scope 'model') or of the tensor (scope 'tensor')."
-    r, c, names = hp['pcb_ratio'], hp['clamp_ratio'], list(experts)
-    b = pcb_bounds(pretrained, experts, r, c, runtime['progress'], runtime['device']) if hp['scope'] == 'model' else None
+    r, c, names = pcb_ratio, clamp_ratio, list(experts)
+    b = pcb_bounds(pretrained, experts, r, c, runtime['progress'], runtime['device']) if scope == 'model' else None
     def merge_tensor(key, pre, ts):
         taus = torch.stack([ts[n] - pre for n in names]).reshape(len(names), -1)   # 0-d tensors too
         if taus.shape[1] == 0: return pre.clone()
@@ -87,18 +93,17 @@ def _pcb_rule(pretrained, experts, hp, info, runtime):
         clamped, s = pcb_scores(taus, lo, hi)
         if b is None: s_lo, s_hi = ascending_at(s, int(s.shape[1] * (1 - r))), s.max(1, keepdim=True).values
         else: s_lo, s_hi = b['s_lo'].to(s), b['s_hi'].to(s)
-        return pre + hp['scaling_factor'] * pcb_combine(clamped, s, s_lo, s_hi).reshape(pre.shape)
+        return pre + scaling_factor * pcb_combine(clamped, s, s_lo, s_hi).reshape(pre.shape)
     return merge_tensor
 
 # %% ../../nbs/methods/45_pcb.ipynb #d8b110ac
 pcb_merging = declare(MergeMethod(
     'pcb_merging', 'PCB Merging', 'PCB: intra- and inter-balanced scores, top-r per task, score-weighted mean of the task vectors, scaled by λ.',
     'training-free', hypers={
-        'pcb_ratio': Hyper(0.1, 'r: fraction of each task vector kept (by score)', "authors' pcb_merging(…, pcb_ratio=0.1)",
-                           float, interval='(0, 1]'),
-        'clamp_ratio': Hyper(0.0001, 'fraction of the smallest and of the largest |τ| clamped',
-                             "authors' code: clamp(min_ratio=0.0001, max_ratio=0.0001)", float, interval='[0, 0.5)'),
-        'scaling_factor': Hyper(1.0, 'λ', "ours: the balanced mean itself (the authors search λ by evolution strategy)", float),
-        'scope': Hyper('model', "'model': quantiles over the whole model (authors); 'tensor': per tensor (mergekit's pcb.py)",
-                       "authors' code", str, choices=('model', 'tensor'))},
+        'pcb_ratio': Hyper(source="authors' pcb_merging(…, pcb_ratio=0.1)", type=float, interval='(0, 1]'),
+        'clamp_ratio': Hyper(source="authors' code: clamp(min_ratio=0.0001, max_ratio=0.0001)", type=float,
+                             interval='[0, 0.5)'),
+        'scaling_factor': Hyper(source="ours: the balanced mean itself (the authors search λ by evolution strategy)",
+                                type=float),
+        'scope': Hyper(source="authors' code", type=str, choices=('model', 'tensor'))},
     rule=_pcb_rule, min_experts=1, papers={'sota': {'pcb_ratio': 0.05}}))

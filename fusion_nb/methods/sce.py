@@ -35,11 +35,13 @@ def sce_weight(taus:Tensor, # (n_experts, ...) selected task vectors
     return torch.full_like(e, 1 / len(e)) if float(e.sum()) < 1e-6 else e / e.sum()
 
 # %% ../../nbs/methods/42_sce.ipynb #62d45c36
-def _sce_rule(pretrained, experts, hp, info, runtime):
+def _sce_rule(pretrained, experts,
+              select_topk:float=1.0, # ρ: fraction of the (non-constant) entries selected by variance
+             ):
     "Per tensor: select by variance, weight by energy, erase disagreeing signs, weighted mean; θ₀ plus it."
     def merge_tensor(key, pre, ts):
         taus = torch.stack([t - pre for t in ts.values()])
-        if hp['select_topk'] < 1: taus = taus * sce_mask(taus, hp['select_topk'])
+        if select_topk < 1: taus = taus * sce_mask(taus, select_topk)
         w = sce_weight(taus).reshape(-1, *[1] * (taus.dim() - 1)) * sign_consensus(taus)
         return pre + (taus * w).sum(0) / w.sum(0).clamp(min=1e-6)
     return merge_tensor
@@ -47,6 +49,5 @@ def _sce_rule(pretrained, experts, hp, info, runtime):
 # %% ../../nbs/methods/42_sce.ipynb #d8aa13e6
 sce = declare(MergeMethod(
     'sce', 'SCE', 'SCE per tensor: select high-variance entries, weight experts by energy, erase sign conflicts, average.',
-    'training-free', hypers={'select_topk': Hyper(1.0, 'ρ: fraction of the (non-constant) entries selected by variance',
-                                                   "mergekit's sce default", float, interval='[0, 1]')},
-    rule=_sce_rule, min_experts=1, papers={'sota': {'select_topk': 1.0}}))
+    'training-free', hypers={'select_topk': Hyper(source="mergekit's sce default", type=float, interval='[0, 1]')},
+    rule=_sce_rule, min_experts=1, papers={'sota': {}}))

@@ -31,11 +31,15 @@ def weighted_sum(weights:Mapping[str, float], # wᵢ by expert name
     return out
 
 # %% ../../nbs/methods/21_soups.ipynb #08fff95b
-def _weighted_average_rule(pretrained, experts, hp, info, runtime):
+def _weighted_average_rule(pretrained, experts,
+                           # wᵢ per expert (dict by name or list in pool order); None: 1/n each
+                           weights:Mapping|Sequence|None=None,
+                           normalize:bool=False, # divide the weights by their sum (paper 004's Linear)
+                           *, info):
     "Per tensor Σᵢ wᵢ θᵢ (weights 1/n by default, normalised to sum 1 on request)."
-    w = expert_weights(hp['weights'], list(experts), 1 / len(experts))
+    w = expert_weights(weights, list(experts), 1 / len(experts))
     total = sum(w.values())
-    if hp['normalize']:
+    if normalize:
         if abs(total) < 1e-12: raise HyperparameterError(f"weights={list(w.values())} sum to 0 and cannot be normalised")
         w = {n: v / total for n, v in w.items()}
     info.update(weights=w, affine=abs(sum(w.values()) - 1) < 1e-9)
@@ -49,14 +53,14 @@ def _weighted_average_output_weights(result, names, hp):
 # %% ../../nbs/methods/21_soups.ipynb #34757847
 weighted_average = declare(MergeMethod(
     'weighted_average', 'Linear', 'Soup θ = Σᵢ wᵢ θᵢ with arbitrary real weights (negative ones extrapolate; paper 002, eq. 3).', 'training-free',
-    hypers={'weights': Hyper(None, 'wᵢ per expert (dict by name or list in pool order); None: 1/n each', 'paper 002 §3', float, per_expert=True),
-            'normalize': Hyper(False, "divide the weights by their sum (paper 004's Linear)", 'paper 004 §4 (Linear)', bool)},
+    hypers={'weights': Hyper(source='paper 002 §3', type=float, per_expert=True),
+            'normalize': Hyper(source='paper 004 §4 (Linear)', type=bool)},
     papers={'002': {}, '004': {'normalize': True}},
     rule=_weighted_average_rule, needs_pretrained=False, propagates_nonfinite=True,
     output_weights=_weighted_average_output_weights))
 
 # %% ../../nbs/methods/21_soups.ipynb #9a12a63c
-def _simple_average_rule(pretrained, experts, hp, info, runtime):
+def _simple_average_rule(pretrained, experts, *, info):
     "Per tensor (1/n) Σᵢ θᵢ."
     info['experts'] = list(experts)
     return lambda key, pre, ts: sum(ts.values()) / len(ts)
@@ -75,12 +79,15 @@ simple_average = declare(MergeMethod(
 uniform_soup = simple_average
 
 # %% ../../nbs/methods/21_soups.ipynb #e865dc43
-def _greedy_soup(pretrained, experts, *, evaluate_fn, scores, progress, device):
+def _greedy_soup(pretrained, experts,
+                 evaluate_fn:Callable|None=None, # held-out score of a state dict (higher is better)
+                 scores:Mapping|Sequence|None=None, # each ingredient's own held-out score (default: evaluated)
+                 *, progress, device):
     "Add ingredients in order of their own held-out score, keeping each only if the soup's score improves."
     if evaluate_fn is None: raise HyperparameterError("greedy_soup needs evaluate_fn (a held-out score of a state dict)")
     check_models(pretrained, experts)
     scores = ({n: float(evaluate_fn(sd)) for n, sd in experts.items()} if scores is None
-              else expert_weights(scores, list(experts), 0.0, name='scores'))
+              else expert_weights(scores, list(experts), name='scores'))
     order = sorted(experts, key=lambda n: -scores[n])
     soup, best = [order[0]], scores[order[0]]
     best_sd = simple_average(pretrained, {order[0]: experts[order[0]]}, progress=False, check=False, device=device)
@@ -97,8 +104,7 @@ def _greedy_soup(pretrained, experts, *, evaluate_fn, scores, progress, device):
 # %% ../../nbs/methods/21_soups.ipynb #c2e79d83
 greedy_soup = declare(MergeMethod(
     'greedy_soup', 'Greedy Soup', "Greedy soup (Wortsman et al.): ingredients by held-out score, each kept only if the soup improves.", 'selection',
-    hypers={'evaluate_fn': Hyper(None, 'held-out score of a state dict (higher is better)'),
-            'scores': Hyper(None, "each ingredient's own held-out score (default: evaluated)", type=float, per_expert=True)},
+    hypers={'evaluate_fn': Hyper(), 'scores': Hyper(type=float, per_expert=True)},
     fuse=_greedy_soup, needs_pretrained=False, positional=('evaluate_fn',), papers={'003': {}}))
 
 # %% ../../nbs/methods/21_soups.ipynb #41b725c9
@@ -129,7 +135,14 @@ def affine_grid(n:int, # number of models
     return out
 
 # %% ../../nbs/methods/21_soups.ipynb #4201c9b3
-def _soup_grid_search(pretrained, experts, *, evaluate_fn, grid, low, high, step, progress, device):
+def _soup_grid_search(pretrained, experts,
+                      evaluate_fn:Callable|None=None, # held-out score of a state dict (higher is better)
+                      # weight vectors to try (pool order or dicts); default: affine_grid(n, low, high, step)
+                      grid:Iterable|None=None,
+                      low:float=-0.4, # smallest grid weight
+                      high:float=1.4, # largest grid weight
+                      step:float=0.2, # grid granularity
+                      *, progress, device):
     "Evaluate the soup of every weight vector in `grid`; return the best, with every (weights, score) in `.info['results']`."
     if evaluate_fn is None: raise HyperparameterError("soup_grid_search needs evaluate_fn (a held-out score of a state dict)")
     names = list(experts)
@@ -138,7 +151,7 @@ def _soup_grid_search(pretrained, experts, *, evaluate_fn, grid, low, high, step
     if not grid: raise HyperparameterError("grid is empty: no soup to evaluate")
     results, best, best_sd = [], None, None
     for w in tqdm(grid, desc='soup grid', disable=not progress, leave=False):
-        w = expert_weights(w, names, 0.0, name='grid point')
+        w = expert_weights(w, names, name='grid point')
         sd = weighted_average(pretrained, experts, weights=w, progress=False, check=False, device=device)
         s = float(evaluate_fn(sd))
         results.append({**w, 'score': s})
@@ -150,15 +163,24 @@ def _soup_grid_search(pretrained, experts, *, evaluate_fn, grid, low, high, step
 # %% ../../nbs/methods/21_soups.ipynb #5086e721
 soup_grid_search = declare(MergeMethod(
     'soup_grid_search', 'Soup grid search', 'The best of the soups of every weight vector on a grid (paper 002 §5.1).', 'selection',
-    hypers={'evaluate_fn': Hyper(None, 'held-out score of a state dict (higher is better)'),
-            'grid': Hyper(None, 'weight vectors to try (pool order or dicts); default: affine_grid(n, low, high, step)'),
-            'low': Hyper(-0.4, 'smallest grid weight', 'paper 002 §5.1', float), 'high': Hyper(1.4, 'largest grid weight', 'paper 002 §5.1', float),
-            'step': Hyper(0.2, 'grid granularity', 'paper 002 §5.1', float, interval='(0, inf)')},
+    hypers={'evaluate_fn': Hyper(), 'grid': Hyper(),
+            'low': Hyper(source='paper 002 §5.1', type=float), 'high': Hyper(source='paper 002 §5.1', type=float),
+            'step': Hyper(source='paper 002 §5.1', type=float, interval='(0, inf)')},
     fuse=_soup_grid_search, needs_pretrained=False, positional=('evaluate_fn',), papers={'002': {}}))
+
+# %% ../../nbs/methods/21_soups.ipynb #da7569ff
+def _linear_rule(pretrained, experts,
+                 # wᵢ per expert (dict by name or list in pool order); None: 1/n each
+                 weights:Mapping|Sequence|None=None,
+                 normalize:bool=True, # divide the weights by their sum (mergekit's default)
+                 *, info):
+    "The weighted average with mergekit's defaults: Σᵢ wᵢ θᵢ / Σᵢ wᵢ."
+    return _weighted_average_rule(pretrained, experts, weights, normalize, info=info)
 
 # %% ../../nbs/methods/21_soups.ipynb #b3d6257c
 linear = declare(MergeMethod(
     'linear', 'Linear (mergekit)', "mergekit's `linear`: θ = Σᵢ wᵢ θᵢ / Σᵢ wᵢ (its `normalize: true` default).", 'training-free',
-    hypers={'weights': Hyper(None, 'wᵢ per expert (dict by name or list in pool order); None: 1/n each', "mergekit's linear", float, per_expert=True),
-            'normalize': Hyper(True, "divide the weights by their sum (mergekit's default)", 'mergekit linear.py', bool)},
-    rule=_weighted_average_rule, needs_pretrained=False, propagates_nonfinite=True, output_weights=_weighted_average_output_weights))
+    hypers={'weights': Hyper(source="mergekit's linear", type=float, per_expert=True),
+            'normalize': Hyper(source='mergekit linear.py', type=bool)},
+    rule=_linear_rule, needs_pretrained=False, propagates_nonfinite=True,
+    output_weights=_weighted_average_output_weights))

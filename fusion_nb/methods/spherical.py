@@ -7,6 +7,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/methods/spherical.html.md"""
 # %% ../../nbs/methods/43_spherical.ipynb #4a6dde8f
 from __future__ import annotations
 import math
+from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
@@ -35,24 +36,28 @@ def nuslerp_tensor(t:float, # position, 0 → a, 1 → b
     return res.reshape(shape)
 
 # %% ../../nbs/methods/43_spherical.ipynb #97fea8bd
-def _nuslerp_rule(pretrained, experts, hp, info, runtime):
+def _nuslerp_rule(pretrained, experts,
+                  weight:float|Mapping|Sequence=1.0, # wᵢ per model; t = w₁/(w₀ + w₁)
+                  row_wise:bool=False, # with flatten off: interpolate columns (True) or rows (False)
+                  flatten:bool=True, # treat each tensor as one vector
+                  *, info):
     "Per tensor nuslerp of the two experts (their task vectors where θ₀ is given), t = w₁/(w₀ + w₁)."
-    (a, b), w = list(experts), expert_weights(hp['weight'], list(experts), 1.0, name='weight')
+    (a, b), w = list(experts), expert_weights(weight, list(experts), name='weight')
     t = 0.5 if abs(w[a] + w[b]) < 1e-6 else w[b] / (w[a] + w[b])
     info['t'] = t
     def merge_tensor(key, pre, ts):
-        if pre is None: return nuslerp_tensor(t, ts[a], ts[b], hp['row_wise'], hp['flatten'])
-        return pre + nuslerp_tensor(t, ts[a] - pre, ts[b] - pre, hp['row_wise'], hp['flatten'])
+        if pre is None: return nuslerp_tensor(t, ts[a], ts[b], row_wise, flatten)
+        return pre + nuslerp_tensor(t, ts[a] - pre, ts[b] - pre, row_wise, flatten)
     return merge_tensor
 
 # %% ../../nbs/methods/43_spherical.ipynb #dab67adf
 nuslerp = declare(MergeMethod(
     'nuslerp', 'NuSLERP', "NuSLERP: spherical interpolation of two models' task vectors (or weights), t = w₁/(w₀ + w₁), per tensor.",
     'training-free', hypers={
-        'weight': Hyper(1.0, 'wᵢ per model; t = w₁/(w₀ + w₁)', "mergekit: `weight` is required per model; 1.0 each gives t = 0.5",
-                        float, per_expert=True),
-        'row_wise': Hyper(False, 'with flatten off: interpolate columns (True) or rows (False)', "mergekit's nuslerp_row_wise", bool),
-        'flatten': Hyper(True, 'treat each tensor as one vector', "mergekit's nuslerp_flatten", bool)},
+        'weight': Hyper(source="mergekit: `weight` is required per model; 1.0 each gives t = 0.5", type=float,
+                        per_expert=True),
+        'row_wise': Hyper(source="mergekit's nuslerp_row_wise", type=bool),
+        'flatten': Hyper(source="mergekit's nuslerp_flatten", type=bool)},
     rule=_nuslerp_rule, needs_pretrained=False, min_experts=2, max_experts=2, papers={'sota': {}}))
 
 # %% ../../nbs/methods/43_spherical.ipynb #2db3e1c8
@@ -78,13 +83,17 @@ def multislerp_tensor(xs:Tensor, # (n, ...) the tensors (or task vectors)
     return ((mean * torch.cos(tn) + tangent * (torch.sin(tn) / tn)) * (norms[:, 0] * w).sum()).reshape(xs.shape[1:])
 
 # %% ../../nbs/methods/43_spherical.ipynb #971adb3a
-def _multislerp_rule(pretrained, experts, hp, info, runtime):
+def _multislerp_rule(pretrained, experts,
+                     weight:float|Mapping|Sequence=1.0, # wᵢ, or one per expert
+                     normalize_weights:bool=True, # divide the weights by their sum
+                     eps:float=1e-8, # numerical floor of the norms
+                    ):
     "Per tensor multislerp of the experts (their task vectors where θ₀ is given)."
     names = list(experts)
-    w = expert_weights(hp['weight'], names, 1.0, name='weight')
+    w = expert_weights(weight, names, name='weight')
     def merge_tensor(key, pre, ts):
         xs = torch.stack([ts[n] if pre is None else ts[n] - pre for n in names])
-        out = multislerp_tensor(xs, torch.tensor([w[n] for n in names]), hp['normalize_weights'], hp['eps'], key)
+        out = multislerp_tensor(xs, torch.tensor([w[n] for n in names]), normalize_weights, eps, key)
         return out if pre is None else pre + out
     return merge_tensor
 
@@ -92,9 +101,9 @@ def _multislerp_rule(pretrained, experts, hp, info, runtime):
 multislerp = declare(MergeMethod(
     'multislerp', 'Multi-SLERP', "Multi-SLERP: weighted barycentre of the experts' task vectors on the sphere (tangent space at the mean), per tensor.",
     'training-free', hypers={
-        'weight': Hyper(1.0, 'wᵢ, or one per expert', "mergekit: `weight` is required per model; equal weights", float, per_expert=True),
-        'normalize_weights': Hyper(True, 'divide the weights by their sum', "mergekit's multislerp", bool),
-        'eps': Hyper(1e-8, 'numerical floor of the norms', "mergekit's multislerp", float, interval='(0, 1)')},
+        'weight': Hyper(source="mergekit: `weight` is required per model; equal weights", type=float, per_expert=True),
+        'normalize_weights': Hyper(source="mergekit's multislerp", type=bool),
+        'eps': Hyper(source="mergekit's multislerp", type=float, interval='(0, 1)')},
     rule=_multislerp_rule, needs_pretrained=False, min_experts=1, papers={'sota': {}}))
 
 # %% ../../nbs/methods/43_spherical.ipynb #3c772b38
@@ -123,15 +132,17 @@ def karcher_tensor(xs:Tensor, # (n, ...) tensors
     return (u * norms.sum() / n).reshape(xs.shape[1:])
 
 # %% ../../nbs/methods/43_spherical.ipynb #a53421ff
-def _karcher_rule(pretrained, experts, hp, info, runtime):
+def _karcher_rule(pretrained, experts,
+                  max_iter:int=10, # most fixed-point iterations
+                  tol:float=1e-5, # convergence tolerance (and the norm below which a model is skipped)
+                 ):
     "Per tensor the Karcher mean of the experts' tensors (θ₀ not used)."
     names = list(experts)
-    return lambda key, pre, ts: karcher_tensor(torch.stack([ts[n] for n in names]), hp['max_iter'], hp['tol'])
+    return lambda key, pre, ts: karcher_tensor(torch.stack([ts[n] for n in names]), max_iter, tol)
 
 # %% ../../nbs/methods/43_spherical.ipynb #91d0340e
 karcher = declare(MergeMethod(
     'karcher', 'Karcher mean', "Karcher mean: the Riemannian mean of the experts' tensors on the sphere, scaled by their mean norm, per tensor.",
-    'training-free', hypers={'max_iter': Hyper(10, 'most fixed-point iterations', "mergekit's karcher", int, interval='[1, inf)'),
-                             'tol': Hyper(1e-5, 'convergence tolerance (and the norm below which a model is skipped)', "mergekit's karcher",
-                                          float, interval='(0, 1)')},
+    'training-free', hypers={'max_iter': Hyper(source="mergekit's karcher", type=int, interval='[1, inf)'),
+                             'tol': Hyper(source="mergekit's karcher", type=float, interval='(0, 1)')},
     rule=_karcher_rule, needs_pretrained=False, min_experts=1, papers={'sota': {}}))

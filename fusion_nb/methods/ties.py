@@ -152,9 +152,9 @@ def ties_thresholds(pretrained:Mapping, # θ₀
     return TiesThresholds(streaming_kth_largest(make_pass, m, _selection_dtype(pretrained, keys)), k, delta_transform, rounding)
 
 # %% ../../nbs/methods/23_ties.ipynb #bb74c0c1
-def _model_thresholds(pretrained, experts, hp, runtime)->TiesThresholds:
+def _model_thresholds(pretrained, experts, thresholds, k, delta_transform, rounding, runtime)->TiesThresholds:
     "The whole-model thresholds of this merge: computed, or the given ones checked to be for this k and pool."
-    thr, k, dt, rnd = hp['thresholds'], hp['k'], hp['delta_transform'], hp.get('rounding', 'ceil')
+    thr, dt, rnd = thresholds, delta_transform, rounding
     if thr is None: return ties_thresholds(pretrained, experts, k, delta_transform=dt, rounding=rnd, **runtime)
     missing = [n for n in experts if n not in thr]
     if missing: raise HyperparameterError(f"thresholds has no value for expert(s) {missing}")
@@ -165,11 +165,13 @@ def _model_thresholds(pretrained, experts, hp, runtime)->TiesThresholds:
     return thr
 
 # %% ../../nbs/methods/23_ties.ipynb #19c01324
-def _ties_rule(pretrained, experts, hp, info, runtime):
+def _ties_rule(pretrained, experts, *, scaling_factor, k, trim_scope, disjoint, thresholds, delta_transform, rounding,
+               info, runtime):
     "Trim (whole model or per tensor), elect signs by total mass, disjoint mean/sum, scale by λ: per tensor."
-    k, scope, dt, lam, names, rnd = hp['k'], hp['trim_scope'], hp['delta_transform'], hp['scaling_factor'], list(experts), hp.get('rounding', 'ceil')
+    scope, dt, lam, names, rnd = trim_scope, delta_transform, scaling_factor, list(experts), rounding
     if scope == 'model':
-        thr, sel = _model_thresholds(pretrained, experts, hp, runtime), _selection_dtype(pretrained, _float_keys(pretrained))
+        thr = _model_thresholds(pretrained, experts, thresholds, k, dt, rnd, runtime)
+        sel = _selection_dtype(pretrained, _float_keys(pretrained))
         info['thresholds'] = dict(thr)
     def merge_tensor(key, pre, ts):
         tensor_thr = {}  # per-tensor scope: each expert's threshold for this tensor, computed on first use
@@ -182,31 +184,46 @@ def _ties_rule(pretrained, experts, hp, info, runtime):
                 if n not in tensor_thr: tensor_thr[n] = mag.flatten().kthvalue(mag.numel() - trim_count(k, mag.numel(), rnd) + 1).values
                 keep = mag >= tensor_thr[n]
             return tau.mul_(keep)  # tau is a fresh tensor: trim in place
-        return pre + lam * elect_and_merge(trimmed, names, hp['disjoint'])
+        return pre + lam * elect_and_merge(trimmed, names, disjoint)
     return merge_tensor
 
+# %% ../../nbs/methods/23_ties.ipynb #0a86db15
+def _ties_merging_rule(pretrained, experts,
+                       scaling_factor:float=0.3, # λ, applied to the merged task vector
+                       k:float=20, # percent of each task vector kept by trimming
+                       # 'model': one threshold per task over the whole model (reference code, FusionBench); 'tensor': per tensor (mergekit)
+                       trim_scope:str='model',
+                       # 'mean' (TIES paper) or 'sum' (FusionBench's merge_func, behind paper 000's numbers)
+                       disjoint:str='mean',
+                       # whole-model thresholds from ties_thresholds with the same k, e.g. reused across a λ sweep
+                       thresholds:TiesThresholds|None=None,
+                       # (name, key, τ) → τ applied before trimming, deterministic (DARE-TIES)
+                       delta_transform:Callable|None=None,
+                       *, info, runtime):
+    "TIES-merging as its reference code runs it: keep ⌈k·d/100⌉ entries of each task vector."
+    return _ties_rule(pretrained, experts, scaling_factor=scaling_factor, k=k, trim_scope=trim_scope, disjoint=disjoint,
+                      thresholds=thresholds, delta_transform=delta_transform, rounding='ceil',
+                      info=info, runtime=runtime)
+
 # %% ../../nbs/methods/23_ties.ipynb #817d9210
-TIES_HYPERS = {
-    'scaling_factor': Hyper(0.3, 'λ, applied to the merged task vector', "paper 000, eight-task tables: 'Ties-Merging (λ=0.3)'", float),
-    'k': Hyper(20, 'percent of each task vector kept by trimming', "TIES paper's default; paper 000 runs method.threshold=20", float, interval='(0, 100]'),
-    'trim_scope': Hyper('model', "'model': one threshold per task over the whole model (reference code, FusionBench); 'tensor': per tensor (mergekit)",
-                        'TIES reference code', str, choices=('model', 'tensor')),
-    'disjoint': Hyper('mean', "'mean' (TIES paper) or 'sum' (FusionBench's merge_func, behind paper 000's numbers)", 'TIES paper, eq. 3', str, choices=('mean', 'sum')),
-    'thresholds': Hyper(None, 'whole-model thresholds from ties_thresholds with the same k, e.g. reused across a λ sweep'),
-    'delta_transform': Hyper(None, '(name, key, τ) → τ applied before trimming, deterministic (DARE-TIES)')}
+TIES_HYPERS = {   # what the TIES-based methods' signatures cannot say: sources, types, allowed values
+    'scaling_factor': Hyper(source="paper 000, eight-task tables: 'Ties-Merging (λ=0.3)'", type=float),
+    'k': Hyper(source="TIES paper's default; paper 000 runs method.threshold=20", type=float, interval='(0, 100]'),
+    'trim_scope': Hyper(source='TIES reference code', type=str, choices=('model', 'tensor')),
+    'disjoint': Hyper(source='TIES paper, eq. 3', type=str, choices=('mean', 'sum')),
+    'thresholds': Hyper(), 'delta_transform': Hyper()}
 
 ties_merging = declare(MergeMethod(
     'ties_merging', 'Ties-Merging', 'TIES-merging: trim to top-k%, elect signs by total mass, disjoint mean/sum, scale by λ.', 'training-free',
-    hypers=TIES_HYPERS, rule=_ties_rule,
-    papers={'000': dict(k=20, scaling_factor=0.3, trim_scope='model', disjoint='sum'), '001': dict(k=20, scaling_factor=0.3, trim_scope='model', disjoint='sum'),
-            '004': {}}))
-
+    hypers=TIES_HYPERS, rule=_ties_merging_rule,
+    papers={'000': dict(disjoint='sum'), '001': dict(disjoint='sum'), '004': {}}))
 
 # %% ../../nbs/methods/23_ties.ipynb #4a136833
 def naive_ties_vector(taus:Tensor, # (experts, d) task vectors, each flattened over the whole model
                       k:float, # percent kept
                       disjoint:str='mean', # 'mean' or 'sum'
-                      thresholds:Tensor|None=None, # (experts, d) per-entry thresholds (default: each row's top-k% by `topk`)
+                      # (experts, d) per-entry thresholds (default: each row's top-k% by `topk`)
+                      thresholds:Tensor|None=None,
                      )->Tensor:
     "The merged task vector by the textbook steps on dense flat vectors (`topk`, `sign`): the naive reference the tests compare with."
     if thresholds is None: thresholds = taus.abs().topk(math.ceil(k * taus.shape[1] / 100), dim=1).values[:, -1:]
@@ -215,13 +232,30 @@ def naive_ties_vector(taus:Tensor, # (experts, d) task vectors, each flattened o
     sel = tr * (tr.sign() == s)
     return sel.sum(0) / ((sel != 0).sum(0).clamp(min=1) if disjoint == 'mean' else 1)
 
+# %% ../../nbs/methods/23_ties.ipynb #76179eb4
+def _mergekit_ties_rule(pretrained, experts,
+                        scaling_factor:float=1.0, # λ
+                        k:float=20, # percent of each task vector kept by trimming
+                        trim_scope:str='tensor', # per tensor, as mergekit trims
+                        # 'mean' (TIES paper) or 'sum' (FusionBench's merge_func, behind paper 000's numbers)
+                        disjoint:str='mean',
+                        # whole-model thresholds from ties_thresholds with the same k, e.g. reused across a λ sweep
+                        thresholds:TiesThresholds|None=None,
+                        # (name, key, τ) → τ applied before trimming, deterministic (DARE-TIES)
+                        delta_transform:Callable|None=None,
+                        # keep count: mergekit's int(k/100·n) ('floor') or ⌈k·n/100⌉ ('ceil', ties_merging's)
+                        rounding:str='floor',
+                        *, info, runtime):
+    "TIES-merging as mergekit runs it: per tensor, int(k/100·n) entries kept, λ = 1."
+    return _ties_rule(pretrained, experts, scaling_factor=scaling_factor, k=k, trim_scope=trim_scope, disjoint=disjoint,
+                      thresholds=thresholds, delta_transform=delta_transform, rounding=rounding,
+                      info=info, runtime=runtime)
 
 # %% ../../nbs/methods/23_ties.ipynb #96828914
 ties = declare(MergeMethod(
     'ties', 'TIES (per tensor, mergekit)', "TIES-merging as mergekit's `ties` runs it: per-tensor top-k%, disjoint mean, λ = 1.", 'training-free',
-    hypers={**TIES_HYPERS, 'scaling_factor': Hyper(1.0, 'λ', "mergekit's ties (weights normalised, no extra scale)", float),
-            'trim_scope': Hyper('tensor', 'per tensor, as mergekit trims', "mergekit's ties", str, choices=('model', 'tensor')),
-            'rounding': Hyper('floor', "keep count: mergekit's int(k/100·n) ('floor') or ⌈k·n/100⌉ ('ceil', ties_merging's)",
-                              'mergekit sparsify.magnitude', str, choices=ROUNDINGS)},
-    rule=_ties_rule))
-
+    hypers={**TIES_HYPERS,
+            'scaling_factor': Hyper(source="mergekit's ties (weights normalised, no extra scale)", type=float),
+            'trim_scope': Hyper(source="mergekit's ties", type=str, choices=('model', 'tensor')),
+            'rounding': Hyper(source='mergekit sparsify.magnitude', type=str, choices=ROUNDINGS)},
+    rule=_mergekit_ties_rule))
