@@ -27,7 +27,7 @@ def test_each_default_is_written_once(m):
     "The default and meaning of a hyperparameter are its rule's or fuse's signature's; the Hyper adds source, type and range."
     fn = m.rule or m.fuse
     ps = inspect.signature(fn).parameters
-    assert not m.legacy and 'hp' not in ps, f"{m.name}: declared the old way (defaults in Hypers, a rule reading hp[...])"
+    assert 'hp' not in ps, f"{m.name}: declared the old way (defaults in Hypers, a rule reading hp[...])"
     assert all(h.default is not NO_DEFAULT for h in m.hypers.values())
     assert m.defaults() == {k: ps[k].default for k in m.hypers}, f"{m.name}: defaults other than its signature's"
     for paper, settings in m.papers.items():   # a paper's rows that run a default say nothing about it
@@ -37,7 +37,7 @@ def test_each_default_is_written_once(m):
 def test_a_default_written_twice_is_refused():
     rule = lambda pretrained, experts, w=0.5: None
     with pytest.raises(ValueError, match='written twice'):
-        MergeMethod('twice', 'Twice', '', 'training-free', hypers={'w': Hyper(0.5, source='made up')}, rule=rule)
+        MergeMethod('twice', 'Twice', '', 'training-free', hypers={'w': Hyper(default=0.5, source='made up')}, rule=rule)
     with pytest.raises(ValueError, match='other than its Hypers declare'):
         MergeMethod('missing', 'Missing', '', 'training-free', hypers={}, rule=rule)
 

@@ -288,7 +288,7 @@ class _NoDefault:
     def __repr__(self): return 'NO_DEFAULT'
 NO_DEFAULT = _NoDefault()
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Hyper:
     "What the signature cannot say of a hyperparameter: where its default comes from, its type and allowed values."
     default:Any=NO_DEFAULT # filled in from the rule's or fuse's signature (never written in a declaration)
@@ -350,11 +350,6 @@ def signature_hypers(fn:Callable, # a rule or fuse: (pretrained, experts, <hyper
         out[p.name] = replace(declared[p.name], default=p.default, doc=docs.get(p.name) or declared[p.name].doc)
     return out
 
-# %% ../../nbs/methods/20_registry.ipynb #04708ff7
-def _legacy(fn, hypers)->bool:
-    "A declaration of the old form: defaults in the Hypers, a rule reading `hp[...]` (issue 23 converts them all)."
-    return 'hp' in inspect.signature(fn).parameters or any(h.default is not NO_DEFAULT for h in hypers.values())
-
 # %% ../../nbs/methods/20_registry.ipynb #e7582927
 KINDS = ('training-free', 'data-based', 'test-time', 'output-space', 'selection', 'task-conditional')  # task-conditional: `.for_task(task)` per task (methods/53)
 
@@ -383,8 +378,7 @@ class MergeMethod:
         check_choice('kind', self.kind, KINDS)
         if (self.rule is None) == (self.fuse is None): raise ValueError(f"{self.name}: declare exactly one of `rule` or `fuse`")
         fn = self.rule or self.fuse
-        self.legacy = _legacy(fn, self.hypers)   # issue 23's conversion: the test lists those left
-        if not self.legacy: self.hypers = signature_hypers(fn, self.hypers, self.name)
+        self.hypers = signature_hypers(fn, self.hypers, self.name)   # each default and meaning: the signature's
         for p, hp in self.papers.items(): self.resolve(hp)  # a paper's settings must be valid hyperparameters
         self.__signature__ = self._signature()
 
@@ -436,7 +430,6 @@ def merge_tensor_fn(self:MergeMethod, pretrained, # θ₀ (checked), or None
                    )->Callable:
     "The rule's `merge_tensor(key, θ₀, {name: θᵢ})` for these hyperparameters: what drivers other than `__call__` apply."
     info, runtime = ({} if info is None else info), runtime or dict(progress=False, check=True, device=None)
-    if 'hp' in inspect.signature(self.rule).parameters: return self.rule(pretrained, experts, hp, info, runtime)
     return self.rule(pretrained, experts, **hp, **_accepted(self.rule, info=info, runtime=runtime))
 
 # %% ../../nbs/methods/20_registry.ipynb #1f7c44a8
