@@ -15,9 +15,9 @@ from .profiles import PLACEMENT_KEYS, Profile, is_local
 import fusion_nb
 
 # %% auto #0
-__all__ = ['DATA_BUILDERS', 'read_notebook', 'import_graph', 'notebook_imports', 'code_fingerprint', 'notebook_parameters',
-           'experiment_parameters', 'json_digest', 'notebook_hash', 'package_hash', 'hash_cache',
-           'second_backbone_sources', 'data_fingerprint', 'experiment_inputs']
+__all__ = ['DATA_BUILDERS', 'BUILT_ON_USE', 'read_notebook', 'import_graph', 'notebook_imports', 'code_fingerprint',
+           'notebook_parameters', 'experiment_parameters', 'json_digest', 'notebook_hash', 'package_hash', 'hash_cache',
+           'second_backbone_sources', 'data_fingerprint', 'with_hash', 'experiment_inputs']
 
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #cd6de840
 def read_notebook(nb_path:str|Path)->dict:
@@ -170,15 +170,29 @@ def second_backbone_sources(profile:Profile)->list[str]:
     second = backbone_profile(profile, 1, build=False)
     return [second.pretrained, *second.experts.values()]
 
+# %% ../../nbs/reproduce/98_fingerprints.ipynb #e56d9555
+BUILT_ON_USE = {   # experiment (its number) → the folders under the build it builds on first use and reads
+    '10': ('neulig_halves',), '20': ('robust/cifar10', 'robust/imagenet'),
+    '21': ('robust/imagenet', 'robust/imagenet_advprop', 'robust/shifts'), '40': ('llava',)}
+
+def _under(f:str, folders)->bool: return any(f == d or f.startswith(d + '/') for d in folders)
+
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #c41e828a
-def data_fingerprint(profile:Profile)->dict:
+def data_fingerprint(profile:Profile, # the profile
+                     experiment:str|None=None, # the experiment reading the data (its folders built on use count too)
+                    )->dict:
     "What the profile's local data is, by content: the built benchmark's files and those of other local sources."
     out, built = {}, None
     if profile.build:
         from fusion_nb.tiny.build import benchmark_dir
         built = benchmark_dir(profile.build, profile.root).resolve()
-        files = {f: h for f, h in file_hashes(built, hash_cache(profile)).items() if f != 'manifest.json'}
-        out['build'] = json_digest(files) if files else 'not built'
+        files = {f: h for f, h in file_hashes(built, hash_cache(profile)).items() if Path(f).name != 'manifest.json'}
+        lazy = {d for ds in BUILT_ON_USE.values() for d in ds}
+        base = {f: h for f, h in files.items() if not _under(f, lazy)}
+        out['build'] = json_digest(base) if base else 'not built'
+        for d in BUILT_ON_USE.get((experiment or '')[:2], ()):
+            mine = {f: h for f, h in files.items() if _under(f, {d})}
+            out[f'build/{d}'] = json_digest(mine) if mine else 'not built yet'
     for src in dict.fromkeys([profile.pretrained, *profile.experts.values(), *profile.datasets.values(), *second_backbone_sources(profile)]):
         if not is_local(src): continue
         p = Path(src)
@@ -186,6 +200,12 @@ def data_fingerprint(profile:Profile)->dict:
         files = file_hashes(p, hash_cache(profile))
         out[src] = json_digest(files) if files else 'missing'
     return out
+
+# %% ../../nbs/reproduce/98_fingerprints.ipynb #ca94b722
+def with_hash(inputs:dict)->dict:
+    "`inputs` with its `hash`: the digest of everything else in it."
+    d = {k: v for k, v in inputs.items() if k != 'hash'}
+    return {**d, 'hash': json_digest(d)}
 
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #1cacadcf
 def experiment_inputs(nb_path:str|Path, # the experiment notebook
@@ -196,6 +216,5 @@ def experiment_inputs(nb_path:str|Path, # the experiment notebook
     d = {'notebook': notebook_hash(nb_path), 'parameters': params, 'version': fusion_nb.__version__, 'code': code_fingerprint(nb_path)}
     if profile is not None:
         d['profile'] = {k: v for k, v in vars(profile).items() if k not in ('root', 'raw', *PLACEMENT_KEYS)}   # not where it ran; `raw` repeats the keys as written
-        d['data'] = data_fingerprint(profile)
-    d['hash'] = json_digest(d)
-    return d
+        d['data'] = data_fingerprint(profile, Path(nb_path).stem)
+    return with_hash(d)

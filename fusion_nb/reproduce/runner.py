@@ -14,7 +14,8 @@ from ..core import (FusionError, UnknownNameError, atomic_dir, atomic_write_text
                             remove_stale_temps)
 from .profiles import (SWEEPS, Profile, experiments_dir, list_experiments, load_profile, prepare, profile_experiments,
                                           resolved_revisions, select_experiments)
-from .fingerprints import experiment_inputs, experiment_parameters, hash_cache, notebook_parameters, read_notebook
+from .fingerprints import (data_fingerprint, experiment_inputs, experiment_parameters, hash_cache, notebook_parameters,
+                                              read_notebook, with_hash)
 from .reports import write_report
 import fusion_nb
 
@@ -226,6 +227,7 @@ def run_experiment(name:str, # experiment (notebook stem)
             atomic_write_text(tmp/'run.ipynb', (tmp/'run.ipynb').read_text().replace(str(tmp), str(out)))
             finished = datetime.datetime.now().isoformat(timespec='seconds')
             revisions = resolved_revisions(profile) if any(profile.hub_sources().values()) else {}
+            inputs = with_hash({**inputs, 'data': data_fingerprint(profile, name)})   # as the run leaves it: a zoo it built is its input
             atomic_write_text(tmp/'inputs.json', json.dumps({**inputs, 'finished': finished, 'seconds': round(time.time() - t0, 1),
                                                             'hub_revisions': revisions, 'torch_threads': kernel_threads(), 'outputs': _output_hashes(tmp)},
                                                            indent=1, default=str))
