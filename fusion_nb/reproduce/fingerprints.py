@@ -15,9 +15,10 @@ from .profiles import PLACEMENT_KEYS, Profile, is_local
 import fusion_nb
 
 # %% auto #0
-__all__ = ['DATA_BUILDERS', 'BUILT_ON_USE', 'read_notebook', 'import_graph', 'notebook_imports', 'code_fingerprint',
-           'notebook_parameters', 'experiment_parameters', 'json_digest', 'notebook_hash', 'package_hash', 'hash_cache',
-           'second_backbone_sources', 'data_fingerprint', 'with_hash', 'experiment_inputs']
+__all__ = ['DATA_BUILDERS', 'BUILT_ON_USE', 'READS_SECOND_BACKBONE', 'read_notebook', 'import_graph', 'notebook_imports',
+           'code_fingerprint', 'notebook_parameters', 'experiment_parameters', 'json_digest', 'notebook_hash',
+           'package_hash', 'hash_cache', 'second_backbone_sources', 'data_fingerprint', 'with_hash',
+           'experiment_inputs']
 
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #cd6de840
 def read_notebook(nb_path:str|Path)->dict:
@@ -170,10 +171,11 @@ def second_backbone_sources(profile:Profile)->list[str]:
     second = backbone_profile(profile, 1, build=False)
     return [second.pretrained, *second.experts.values()]
 
-# %% ../../nbs/reproduce/98_fingerprints.ipynb #e56d9555
+# %% ../../nbs/reproduce/98_fingerprints.ipynb #a558c445
 BUILT_ON_USE = {   # experiment (its number) → the folders under the build it builds on first use and reads
     '10': ('neulig_halves',), '20': ('robust/cifar10', 'robust/imagenet'),
     '21': ('robust/imagenet', 'robust/imagenet_advprop', 'robust/shifts'), '40': ('llava',)}
+READS_SECOND_BACKBONE = ('10',)   # Table s6: the one experiment that reads the profile's second backbone (built on first use too)
 
 def _under(f:str, folders)->bool: return any(f == d or f.startswith(d + '/') for d in folders)
 
@@ -193,7 +195,8 @@ def data_fingerprint(profile:Profile, # the profile
         for d in BUILT_ON_USE.get((experiment or '')[:2], ()):
             mine = {f: h for f, h in files.items() if _under(f, {d})}
             out[f'build/{d}'] = json_digest(mine) if mine else 'not built yet'
-    for src in dict.fromkeys([profile.pretrained, *profile.experts.values(), *profile.datasets.values(), *second_backbone_sources(profile)]):
+    second = second_backbone_sources(profile) if (experiment or '')[:2] in READS_SECOND_BACKBONE else []
+    for src in dict.fromkeys([profile.pretrained, *profile.experts.values(), *profile.datasets.values(), *second]):
         if not is_local(src): continue
         p = Path(src)
         if built is not None and p.resolve().is_relative_to(built): continue
@@ -201,7 +204,7 @@ def data_fingerprint(profile:Profile, # the profile
         out[src] = json_digest(files) if files else 'missing'
     return out
 
-# %% ../../nbs/reproduce/98_fingerprints.ipynb #ca94b722
+# %% ../../nbs/reproduce/98_fingerprints.ipynb #08575f18
 def with_hash(inputs:dict)->dict:
     "`inputs` with its `hash`: the digest of everything else in it."
     d = {k: v for k, v in inputs.items() if k != 'hash'}

@@ -290,15 +290,17 @@ def test_local_data_counts_by_content(project):
     assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
 
 def test_a_second_backbone_counts_by_content(project):
-    "Paper 001's second backbone (profile keys second_pretrained / second_expert_template) is data like the first."
+    """Paper 001's second backbone (profile keys second_pretrained / second_expert_template) is data like the first, for
+    the experiment that reads it (10, Table s6) and no other."""
     ini = project/'settings.ini'
     ini.write_text(ini.read_text().replace('should_fail = no', 'should_fail = no\nsecond_pretrained = ./models/b\nsecond_expert_template = ./models/b_{task}'))
+    write_nb(project/'nbs'/'experiments'/'10_backbones.ipynb', OK_BODY)
     for d in ['b', 'b_a', 'b_b']:
         (project/'models'/d).mkdir(parents=True); (project/'models'/d/'model.safetensors').write_bytes(d.encode() * 8)
-    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
-    assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped'}
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok', '10_backbones': 'ok'}
+    assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped', '10_backbones': 'skipped'}
     (project/'models'/'b_b'/'model.safetensors').write_bytes(b'x' * 24)   # one second-backbone expert changed
-    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok'}
+    assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped', '10_backbones': 'ok'}
 
 def test_outputs_follow_the_umask_and_killed_runs_leave_no_temporaries(project):
     out = project/'outputs'/'demo'; out.mkdir(parents=True)
@@ -415,3 +417,15 @@ def test_papermill_reads_every_parameter_of_every_experiment():
         cell = next(c for c in json.loads(nb.read_text())['cells'] if 'parameters' in c['metadata'].get('tags', []))
         assigned = [t.id for n in ast.parse(''.join(cell['source'])).body if isinstance(n, ast.Assign) for t in n.targets]
         assert list(notebook_parameters(nb)) == assigned, nb.name
+
+def test_data_an_experiment_builds_is_recorded_as_the_run_left_it(project, monkeypatch):
+    "A zoo built on first use is the experiment's input as built: the next run finds it up to date (not stale once more)."
+    import fusion_nb.reproduce.fingerprints as fp, fusion_nb.reproduce.runner as runner
+    zoo = project/'zoo.txt'
+    fake = lambda profile, experiment=None: {'zoo': zoo.read_text() if zoo.exists() and experiment == '02_builds' else 'not built yet'}
+    monkeypatch.setattr(fp, 'data_fingerprint', fake); monkeypatch.setattr(runner, 'data_fingerprint', fake)
+    write_nb(project/'nbs'/'experiments'/'02_builds.ipynb', OK_BODY + f"\nPath({str(zoo)!r}).write_text('weights')\n")
+    assert run(project)[0] == {'00_ok': 'ok', '01_flaky': 'ok', '02_builds': 'ok'}
+    assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped', '02_builds': 'skipped'}
+    zoo.write_text('other weights')   # the zoo changed afterwards: its reader reruns, no one else
+    assert run(project)[0] == {'00_ok': 'skipped', '01_flaky': 'skipped', '02_builds': 'ok'}
