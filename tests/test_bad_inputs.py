@@ -251,7 +251,7 @@ def _empty_notebook(root):
     (root/'nbs'/'experiments'/'Untitled.ipynb').write_text('')
     return [root/'nbs'/'experiments'/'Untitled.ipynb']
 
-MODULE = [sys.executable, '-m', 'fusion_nb.reproduce.runner']
+MODULE = [sys.executable, '-m', 'fusion_nb.reproduce.cli']
 CLI_26 = [  # case, settings.ini, setup (→ files that must survive), command, exit status, stream, fragments
     ('2: a file of the user in an experiment folder', GOOD, _users_notes, ['reproduce', '--profile', 'demo', '--force'], 2, 'stderr',
      ['fusion-nb: error: [00_a]', 'holds 1 file(s) the runner did not write (my_notes.md)', 'Move them out of it']),
@@ -261,13 +261,13 @@ CLI_26 = [  # case, settings.ini, setup (→ files that must survive), command, 
      ['00_a', 'Untitled', '(unreadable: experiment notebook']),
     ('13: a bad budget in settings.ini', GOOD + 'adamerging_steps = -5\n', None, ['reproduce', '--profile', 'demo'], 2, 'stderr',
      ["fusion-nb: error: profile 'demo' in", "settings.ini: adamerging_steps = '-5' is invalid: expected an integer in [0, inf)"]),
-    ('13: python -m fusion_nb.reproduce.runner list', GOOD, None, ['list'], 0, 'stdout', ['demo', '00_a']),
-    ('13: python -m fusion_nb.reproduce.runner without a command', GOOD, None, [], 2, 'stderr', ['usage: fusion-nb', 'required: cmd']),
+    ('13: python -m fusion_nb.reproduce.cli list', GOOD, None, ['list'], 0, 'stdout', ['demo', '00_a']),
+    ('13: python -m fusion_nb.reproduce.cli without a command', GOOD, None, [], 2, 'stderr', ['usage: fusion-nb', 'required: cmd']),
 ]
 
 @pytest.mark.parametrize('case, settings, setup, args, status, stream, parts', CLI_26, ids=[c[0] for c in CLI_26])
 def test_cli_bad_input_26(case, settings, setup, args, status, stream, parts, tmp_path):
-    "Each as `python -m fusion_nb.reproduce.runner` (item 13: it ran nothing and exited 0), which is `fusion-nb`."
+    "Each as `python -m fusion_nb.reproduce.cli` (item 13: it ran nothing and exited 0), which is `fusion-nb`."
     root = _project(tmp_path, settings)
     kept = setup(root) if setup else []
     r = subprocess.run([*MODULE, *args], env={**os.environ, 'FUSION_NB_ROOT': str(root)}, capture_output=True, text=True, cwd=root)

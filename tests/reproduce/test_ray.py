@@ -102,7 +102,7 @@ def test_an_unreachable_address_fails_in_time_naming_it(ray_project, tmp_path):
     import socket, subprocess, sys, time
     from fusion_nb.reproduce.runner import RAY_CONNECT_TIMEOUT, check_ray_address
     t0 = time.time()
-    r = subprocess.run([sys.executable, '-m', 'fusion_nb.reproduce.runner', 'reproduce', '--profile', 'demo', '--backend', 'ray',
+    r = subprocess.run([sys.executable, '-m', 'fusion_nb.reproduce.cli', 'reproduce', '--profile', 'demo', '--backend', 'ray',
                         '--address', '127.0.0.1:1', '--no-progress'], env={**os.environ, 'FUSION_NB_ROOT': str(ray_project)},
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr

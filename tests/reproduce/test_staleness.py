@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat, pytest
 
 import fusion_nb
-import fusion_nb.reproduce.fingerprints as fingerprints
+import fusion_nb.reproduce.fingerprints as fp
 from fusion_nb.reproduce.profiles import load_profile
 from fusion_nb.reproduce.fingerprints import code_fingerprint
 from fusion_nb.reproduce.profiles import experiments_dir, list_experiments
@@ -74,7 +74,7 @@ def test_runner_reruns_what_changed_and_old_records_once(tmp_path, monkeypatch, 
     exp = tmp_path/'nbs'/'experiments'; exp.mkdir(parents=True)
     scratch_nb(exp/'00_merges.ipynb', 'from fusion_nb.methods.ties import ties_merging')
     scratch_nb(exp/'01_llava.ipynb', 'from fusion_nb.llava.model import load_llava')
-    monkeypatch.setenv('FUSION_NB_ROOT', str(tmp_path)); monkeypatch.setattr(fingerprints, '_package_dir', lambda: pkg)
+    monkeypatch.setenv('FUSION_NB_ROOT', str(tmp_path)); monkeypatch.setattr(fp, '_package_dir', lambda: pkg)
     prof = load_profile('demo')
     def record(name, **change):   # what a successful run leaves: inputs.json, no other outputs
         out = tmp_path/'outputs'/'demo'/name; out.mkdir(parents=True, exist_ok=True)
