@@ -17,14 +17,14 @@ from .methods.ties import ties_merging, ties, ties_thresholds
 from .methods.dare import dare_task_arithmetic, dare_ties
 from .methods.della import della
 from .methods.model_stock import model_stock
-# beyond paper 000 (issue 28, i28b): per-matrix SVD methods, CART, WUDI, and the task-conditional EMR / TALL masks
+# beyond paper 000: per-matrix SVD methods, CART, WUDI, and the task-conditional EMR / TALL masks
 from .methods.tsv_iso import tsv_merging, iso_c, iso_cts
 from .methods.cart import cart
 from .methods.wudi import wudi_merging
 from .methods.task_conditional import emr_merging, tall_masks, TaskConditional
 from .methods.interpolation import slerp, wise_ft
 from .methods.ensemble import ensemble, EnsembleSpec, is_ensemble
-# beyond paper 000 (issue 28): mergekit's family and the 2024 static methods
+# beyond paper 000: mergekit's family and the 2024 static methods
 from .methods.breadcrumbs import breadcrumbs, breadcrumbs_ties
 from .methods.linear_sparse import dare_linear, della_linear
 from .methods.sce import sce

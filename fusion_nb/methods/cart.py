@@ -49,7 +49,7 @@ def _cart_rule(pretrained, experts,
 cart = declare(MergeMethod(
     'cart', 'CART', 'Centred task arithmetic with rank-reduced task vectors: per matrix θ̄ + λ Σᵢ SVD_k(θᵢ − θ̄); other tensors θ̄.',
     'training-free',
-    hypers={'rank_ratio': Hyper(source='Choi et al. 2024, rank ablation (≈8 %; to confirm against the paper)', type=float,
+    hypers={'rank_ratio': Hyper(source="the authors' code, configs/CART/ViT-b-32_8_CART.yaml: initial_merge_rank_ratio 0.08", type=float,
                                 interval='(0, 1]'),
-            'scaling': Hyper(source='Choi et al. 2024 (tuned on validation; 1.0 here, to confirm)', type=float)},
+            'scaling': Hyper(source="the authors' code, configs/CART/ViT-b-32_8_CART.yaml: initial_merge_coeff 1.0", type=float)},
     rule=_cart_rule, needs_pretrained=False, min_experts=2, papers={'sota': {}}))

@@ -816,7 +816,7 @@ IMAGENET_BACKGROUNDS = ['aquarium', 'ice', 'sky', 'leaf', 'sand', 'dunes', 'coas
 IMAGENET_CUE = 0.9  # probability that a training image shows its class's background
 # ImageNet-V2's cue, weaker: real V2 is a new collection of the same classes, on which fine-tuning gains only
 # modestly (paper 003, Table 3: +8.8). At 0.7 the stand-in's V2 rewarded the learned cue so much (+26 points)
-# that it hid the OOD loss of vanilla fine-tuning on the other four shifts (measured on issue 14).
+# that it hid the OOD loss of vanilla fine-tuning on the other four shifts (measured when the stand-ins were built).
 IMAGENET_V2_CUE = 0.4
 
 def _other(rng, y, n):
