@@ -101,19 +101,15 @@ def micro_project(tmp_path_factory):
     (root/'nbs'/'experiments').symlink_to(REPO/'nbs'/'experiments')
     return root
 
-MICRO_BENCH_TASKS = ['gtsrb', 'mnist', 'eurosat']
+from fusion_nb.tiny.build import MICRO_TASKS
+MICRO_BENCH_TASKS = list(MICRO_TASKS)   # the three experts of the micro pool
 
 @pytest.fixture(scope='session')
 def micro_pools():
     "Three experts of the repo's micro benchmark (built once into data/micro and shared), their pools, θ₀ and a seeded MergeData."
-    from fusion_nb.tiny.build import build_benchmark
-    from fusion_nb.pools import ModelPool, TaskPool, Task, PRETRAINED
-    from fusion_nb.methods.data import MergeData
-    base = build_benchmark('micro', root=REPO, progress=False)
-    models = ModelPool(base/'models'/'clip-vit-tiny', {t: base/'models'/f'clip-vit-tiny_{t}' for t in MICRO_BENCH_TASKS}, device='cpu')
-    tasks = TaskPool([Task(t, base/'datasets'/t) for t in MICRO_BENCH_TASKS])
-    return dict(models=models, tasks=tasks, pre=models.vision_state(PRETRAINED),
-                experts={t: models.vision_state(t) for t in MICRO_BENCH_TASKS}, data=MergeData(models, tasks, seed=0))
+    from fusion_nb.tiny.build import micro_pool
+    mp = micro_pool(root=REPO)   # the notebooks' micro pool, the same three experts
+    return dict(models=mp.models, tasks=mp.tasks, pre=mp.pre, experts=mp.experts, data=mp.data)
 
 # --- running on several workers (pytest-xdist, `make test`'s `-n auto --dist loadfile`) ----------------------------------
 # Each file runs whole on one worker (its module fixtures are built once). Files that read or build the same zoo under the

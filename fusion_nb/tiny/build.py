@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast, contextlib, datetime, hashlib, inspect, json, os, subprocess, sys, time
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Sequence
 
 import pandas as pd
@@ -25,9 +26,9 @@ from .corruptions import corrupt_dataset
 import fusion_nb
 
 # %% auto #0
-__all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BUILD_THREADS', 'benchmark_dir', 'recipes',
-           'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir', 'read_manifest',
-           'changed_files', 'owners', 'build_threads', 'run_in_child', 'zoo_accuracy']
+__all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BUILD_THREADS', 'MICRO_TASKS', 'benchmark_dir',
+           'recipes', 'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir', 'read_manifest',
+           'changed_files', 'owners', 'build_threads', 'run_in_child', 'micro_pool', 'zoo_accuracy']
 
 # %% ../../nbs/tiny/15_build.ipynb #3b65e732
 def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
@@ -231,6 +232,24 @@ def _build_in_child(log, **kwargs)->Path:
                                       "slower, same weights (threads sleep while they wait)")
     run_in_child('fusion_nb.tiny.build:build_benchmark', kwargs, log, f"the {kwargs['scale']} benchmark")
     return benchmark_dir(kwargs['scale'], kwargs['root'])
+
+# %% ../../nbs/tiny/15_build.ipynb #6b11ca23
+MICRO_TASKS = ('gtsrb', 'mnist', 'eurosat')   # the three experts the method notebooks and the tests merge
+
+def micro_pool(tasks:Sequence[str]=MICRO_TASKS, # experts of the micro benchmark (its tasks)
+               root:str|Path|None=None, # project root (default: this project's: its data/micro is built once, then shared)
+               seed:int=0, # the MergeData's seed
+              )->SimpleNamespace:
+    "The micro benchmark's pools of `tasks`: `.models`, `.tasks`, `.data` (a seeded MergeData), `.pre`, `.experts`, `.base`."
+    from filelock import FileLock
+    from fusion_nb.methods.data import MergeData
+    from fusion_nb.pools import PRETRAINED, ModelPool, Task, TaskPool
+    folder = benchmark_dir('micro', root); folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder.parent/'.micro.build.lock')): base = build_benchmark('micro', root, progress=False, log=lambda s: None)
+    models = ModelPool(base/'models'/'clip-vit-tiny', {t: base/'models'/f'clip-vit-tiny_{t}' for t in tasks}, device='cpu')
+    pool = TaskPool([Task(t, base/'datasets'/t) for t in tasks])
+    return SimpleNamespace(base=base, models=models, tasks=pool, data=MergeData(models, pool, seed=seed),
+                           pre=models.vision_state(PRETRAINED), experts={t: models.vision_state(t) for t in tasks})
 
 # %% ../../nbs/tiny/15_build.ipynb #6bce6556
 def zoo_accuracy(scale:str='tiny', root:str|Path|None=None,
