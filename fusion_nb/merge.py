@@ -30,9 +30,9 @@ from .methods.linear_sparse import dare_linear, della_linear
 from .methods.sce import sce
 from .methods.spherical import nuslerp, multislerp, karcher
 from .methods.consensus import consensus_ta, consensus_ties
-from .methods.pcb import pcb_merging
+from .methods.pcb_merging import pcb_merging
 # data-based and test-time methods (they take `data=MergeData(...)`)
-from .methods.fisher import fisher_merging
+from .methods.fisher_merging import fisher_merging
 from .methods.regmean import regmean
 from .methods.adamerging import task_wise_adamerging, layer_wise_adamerging
 from .methods.concrete import concrete_task_arithmetic, concrete_layer_wise_adamerging

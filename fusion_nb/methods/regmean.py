@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from ..core import FusionError, HyperparameterError, IncompatibleModelsError, NonFiniteError, check_range
 from .registry import Hyper, MergeMethod, declare, MERGE_METHODS, MergedStateDict, as_state_dict, check_models, check_pool, merge_streaming, read_tensor
-from .fisher import data_merge_setup
+from .fisher_merging import data_merge_setup
 
 # %% auto #0
 __all__ = ['regmean', 'regmean_grams', 'reduce_non_diagonal', 'RegMeanSum', 'regmean_merge']

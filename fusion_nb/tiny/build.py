@@ -233,7 +233,7 @@ def _build_in_child(log, **kwargs)->Path:
     run_in_child('fusion_nb.tiny.build:build_benchmark', kwargs, log, f"the {kwargs['scale']} benchmark")
     return benchmark_dir(kwargs['scale'], kwargs['root'])
 
-# %% ../../nbs/tiny/15_build.ipynb #6b11ca23
+# %% ../../nbs/tiny/15_build.ipynb #36d28fdf
 MICRO_TASKS = ('gtsrb', 'mnist', 'eurosat')   # the three experts the method notebooks and the tests merge
 
 def micro_pool(tasks:Sequence[str]=MICRO_TASKS, # experts of the micro benchmark (its tasks)

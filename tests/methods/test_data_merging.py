@@ -9,7 +9,7 @@ from torch.func import functional_call
 
 from fusion_nb.core import HyperparameterError, NonFiniteError
 from fusion_nb.methods.registry import MERGE_METHODS, MergedStateDict
-from fusion_nb.methods.fisher import fisher_information, fisher_merge, fisher_merging, fisher_norm
+from fusion_nb.methods.fisher_merging import fisher_information, fisher_merge, fisher_merging, fisher_norm
 from fusion_nb.methods.regmean import reduce_non_diagonal, regmean, regmean_grams, regmean_merge
 
 D64 = torch.float64
