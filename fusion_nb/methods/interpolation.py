@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
+import torch
 from torch import Tensor
 
 from ..core import HyperparameterError, check_range
@@ -30,7 +31,8 @@ def slerp_tensor(v0:Tensor, # first tensor
     if abs(dot) > dot_threshold: return (1 - t) * v0 + t * v1
     omega = math.acos(max(-1.0, min(1.0, dot)))
     s = math.sin(omega)
-    return (math.sin((1 - t) * omega) / s) * v0 + (math.sin(t * omega) / s) * v1
+    out = torch.mul(v0, math.sin((1 - t) * omega) / s)   # s₀·v₀ + s₁·v₁, rounded as written, with one temporary, not two
+    return out.add_(torch.mul(v1, math.sin(t * omega) / s))
 
 # %% ../../nbs/methods/27_interpolation.ipynb #32f1c158
 def _slerp_rule(pretrained, experts,
@@ -47,7 +49,8 @@ slerp = declare(MergeMethod(
     'slerp', 'SLERP', 'SLERP between exactly two models, tensor by tensor.', 'training-free',
     hypers={'t': Hyper(source="FusionBench's slerp.yaml", type=float, interval='[0, 1]'),
             'dot_threshold': Hyper(source="mergekit's slerp", type=float, interval='[0, 1]')},
-    rule=_slerp_rule, needs_pretrained=False, min_experts=2, max_experts=2))
+    rule=_slerp_rule, needs_pretrained=False, min_experts=2, max_experts=2,
+    propagates_nonfinite=True))   # both weights are sin(·)/sin Ω: a NaN or Inf in either input reaches the output
 
 # %% ../../nbs/methods/27_interpolation.ipynb #73b9165c
 def _wise_ft_rule(pretrained, experts,

@@ -205,6 +205,7 @@ def write_merged(pretrained:Mapping|None, # θ₀ (aligned), or None
                  out_dtype:torch.dtype|None=None, # dtype of the floating tensors written (None: ref's)
                  max_shard_size:int|str='5GB',
                  device=None, progress:bool=True,
+                 propagates_nonfinite:bool=False, # the rule is a sum of its inputs: check only what it makes (`merge_streaming`)
                 )->dict:
     "Merge shard by shard into `out_dir`: model.safetensors, or model-0000i-of-0000n.safetensors and the index; return the index."
     from huggingface_hub import split_torch_state_dict_into_shards
@@ -215,7 +216,7 @@ def write_merged(pretrained:Mapping|None, # θ₀ (aligned), or None
     with tqdm(total=plan.metadata['total_size'], unit='B', unit_scale=True, desc='merging', disable=not progress) as bar:
         for fname, keys in plan.filename_to_tensors.items():
             shard = merge_streaming(pretrained, experts, merge_tensor, keys=keys, check=False, progress=False,
-                                    out=_Shard(dtypes, bar), device=device)
+                                    out=_Shard(dtypes, bar), device=device, propagates_nonfinite=propagates_nonfinite)
             save_file(dict(shard), out_dir/fname, metadata={'format': 'pt'}); del shard
     honour_umask(out_dir)   # safetensors writes 0600
     index = {'metadata': plan.metadata, 'weight_map': plan.tensor_to_filename}

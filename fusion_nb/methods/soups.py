@@ -24,10 +24,13 @@ __all__ = ['weighted_average', 'simple_average', 'uniform_soup', 'greedy_soup', 
 def weighted_sum(weights:Mapping[str, float], # wᵢ by expert name
                  tensors:Mapping[str, Tensor], # θᵢ by expert name (one tensor each)
                 )->Tensor:
-    "Σᵢ wᵢ θᵢ with the roundings of Python's `sum`, accumulated in place: one product temporary at a time, not one per term."
+    "Σᵢ wᵢ θᵢ with the roundings of Python's `sum`, accumulated in place: one product buffer, reused for every term."
     it = iter(tensors.items()); n, t = next(it)
-    out = torch.zeros_like(t).add_(weights[n] * t)   # 0 + w₀θ₀ as `sum` starts (so -0.0 becomes +0.0 there too)
-    for n, t in it: out += weights[n] * t
+    out = torch.mul(t, weights[n]).add_(0.0)   # 0 + w₀θ₀ as `sum` starts (so -0.0 becomes +0.0 there too)
+    product = None
+    for n, t in it:   # a product, then a sum: two roundings, as `sum` makes them (a fused add_(t, alpha=w) rounds once)
+        product = torch.mul(t, weights[n]) if product is None else torch.mul(t, weights[n], out=product)
+        out.add_(product)
     return out
 
 # %% ../../nbs/methods/21_soups.ipynb #08fff95b

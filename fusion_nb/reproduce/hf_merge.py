@@ -133,7 +133,7 @@ class HFMergePlan:
     base_model:str|None # θ₀ (absolute folder or hub id), None for methods without one
     models:dict # expert name → source
     values:Callable # (tensor name, layer position) → the method's hyperparameters for that tensor
-    make_rule:Callable # the rule protocol's (pretrained, experts, hp, info, runtime) → merge_tensor
+    make_rule:Callable|None # mergekit's own procedure (MERGEKIT_RULES: (pretrained, experts, hp, info, runtime) → merge_tensor); None: the method's rule
     out_dtype:str|None # dtype written (None: the reference model's)
     tokenizer_source:str|None # None / 'base': the base's tokenizer; else a model's source
     device:str # where merging computes
@@ -368,7 +368,8 @@ def run_hf_merge(plan:HFMergePlan, # a checked plan (load_mergekit_config, or me
     try:
         with atomic_dir(out_dir) as tmp:
             write_merged(pre, experts, rule, ref, tmp, None if plan.out_dtype is None else get_dtype(plan.out_dtype),
-                         plan.output['max_shard_size'], device, progress)
+                         plan.output['max_shard_size'], device, progress,
+                         propagates_nonfinite=plan.method.propagates_nonfinite and plan.make_rule is None)
             copy_model_files(src, tok, tmp, plan.out_dtype)
             atomic_write_text(tmp/'inputs.json', json.dumps(inputs or {'config': plan.raw}, indent=1, default=str))
             if plan.output['card']: hf_model_card(plan).save(tmp/'README.md')
