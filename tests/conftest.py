@@ -101,8 +101,8 @@ def micro_project(tmp_path_factory):
     (root/'nbs'/'experiments').symlink_to(REPO/'nbs'/'experiments')
     return root
 
-from fusion_nb.tiny.build import MICRO_TASKS
-MICRO_BENCH_TASKS = list(MICRO_TASKS)   # the three experts of the micro pool
+from fusion_nb.tiny.build import MICRO_POOL_TASKS
+MICRO_BENCH_TASKS = list(MICRO_POOL_TASKS)   # the three experts of the micro pool
 
 @pytest.fixture(scope='session')
 def micro_pools():

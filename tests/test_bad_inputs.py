@@ -221,7 +221,7 @@ def test_cli_bad_input(case, settings, args, status, parts, tmp_path):
 # (item, file, the test there, a fragment of the error or check it asserts). The test below keeps this list true: each
 # named test exists and still asserts that fragment. Items 2, 6, 7, 11, 12, 13 and 15 are rows or tests of this file.
 ELSEWHERE_26 = [
-    ('1: merge_llava into a folder with a user\'s notes.txt and sub/', 'nbs/llava/62_uq_merge.ipynb', 'issue 26.1', 'holds notes.txt, sub'),
+    ('1: merge_llava into a folder with a user\'s notes.txt and sub/', 'nbs/llava/62_uq_merge.ipynb', "a user's folder is never emptied", 'holds notes.txt, sub'),
     ('3: uq_merge\'s out_dir/merged/ holding a user\'s file', 'tests/llava/test_llava.py',
      'test_uq_merge_never_deletes_a_users_files_in_out_dir_merged', 'merged/notes.txt, which uq_merge did not write'),
     ('4: float16 export past 65504 (inf after the cast)', 'tests/reproduce/test_export.py', 'test_float16_overflow_is_refused_after_the_cast',

@@ -26,9 +26,9 @@ from .corruptions import corrupt_dataset
 import fusion_nb
 
 # %% auto #0
-__all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BUILD_THREADS', 'MICRO_TASKS', 'benchmark_dir',
-           'recipes', 'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir', 'read_manifest',
-           'changed_files', 'owners', 'build_threads', 'run_in_child', 'micro_pool', 'zoo_accuracy']
+__all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BUILD_THREADS', 'MICRO_POOL_TASKS',
+           'benchmark_dir', 'recipes', 'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir',
+           'read_manifest', 'changed_files', 'owners', 'build_threads', 'run_in_child', 'micro_pool', 'zoo_accuracy']
 
 # %% ../../nbs/tiny/15_build.ipynb #3b65e732
 def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
@@ -234,9 +234,9 @@ def _build_in_child(log, **kwargs)->Path:
     return benchmark_dir(kwargs['scale'], kwargs['root'])
 
 # %% ../../nbs/tiny/15_build.ipynb #36d28fdf
-MICRO_TASKS = ('gtsrb', 'mnist', 'eurosat')   # the three experts the method notebooks and the tests merge
+MICRO_POOL_TASKS = ('gtsrb', 'mnist', 'eurosat')   # the three experts the method notebooks and the tests merge
 
-def micro_pool(tasks:Sequence[str]=MICRO_TASKS, # experts of the micro benchmark (its tasks)
+def micro_pool(tasks:Sequence[str]=MICRO_POOL_TASKS, # experts of the micro benchmark (its tasks)
                root:str|Path|None=None, # project root (default: this project's: its data/micro is built once, then shared)
                seed:int=0, # the MergeData's seed
               )->SimpleNamespace:
