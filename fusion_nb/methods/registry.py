@@ -346,9 +346,10 @@ def signature_hypers(fn:Callable, # a rule or fuse: (pretrained, experts, <hyper
     docs, out = _docments(fn), {}
     for p in ps:
         if p.default is p.empty: raise ValueError(f"{method}: hyperparameter {p.name!r} has no default in the signature")
-        if declared[p.name].default is not NO_DEFAULT:
-            raise ValueError(f"{method}: {p.name!r} has its default written twice (in its Hyper and in the signature): keep the signature's")
-        out[p.name] = replace(declared[p.name], default=p.default, doc=docs.get(p.name) or declared[p.name].doc)
+        if declared[p.name].default is not NO_DEFAULT or declared[p.name].doc:
+            raise ValueError(f"{method}: {p.name!r} has its default or meaning written twice (in its Hyper and in the signature): "
+                             "keep the signature's (the meaning as the comment after the parameter)")
+        out[p.name] = replace(declared[p.name], default=p.default, doc=docs.get(p.name) or '')
     return out
 
 # %% ../../nbs/methods/20_registry.ipynb #e7582927
