@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PROFILE ?= tiny
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup reproduce test test-fast export clean-nbs docs
+.PHONY: setup reproduce pins test test-fast export clean-nbs docs
 
 setup: $(VENV)/.installed
 
@@ -23,6 +23,12 @@ reproduce: setup
 # Tests run one worker per core (pytest-xdist), one torch thread each: most tests are single-threaded Python and
 # subprocesses, so two workers on two cores take about half the time of one. tests/conftest.py serialises the files that
 # share a lazily built zoo (a lock per zoo) and builds the micro benchmark once before the workers start.
+# The trained zoos every build copies instead of training (pins/, tracked): after a change to what a zoo is made of (its
+# recipe: code, settings, budget), the runs below train the new zoos and keep them in pins/; commit it with the change.
+pins: setup
+	FUSION_NB_PIN=1 $(BIN)/fusion-nb reproduce --profile micro
+	FUSION_NB_PIN=1 $(BIN)/fusion-nb reproduce --profile tiny
+
 test: setup
 	bash .ci/check_clean.sh
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/pytest -q -n auto --dist loadfile --durations=25 tests

@@ -17,8 +17,8 @@ import torch
 __all__ = ['PROGRESS_MODES', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError',
            'HyperparameterError', 'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype',
            'current_umask', 'honour_umask', 'remove_stale_temps', 'atomic_write', 'atomic_write_text', 'atomic_dir',
-           'file_hashes', 'cached_builds', 'progress_mode', 'heartbeat', 'project_root', 'check_known_keys',
-           'json_digest', 'code_digest']
+           'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'read_pins', 'restore_pin', 'save_pin', 'cached_builds',
+           'progress_mode', 'heartbeat', 'project_root', 'check_known_keys', 'json_digest', 'code_digest']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -243,7 +243,90 @@ def file_hashes(path:str|Path, # a file or a folder
     if cache and fresh != known: atomic_write_text(cache, json.dumps(fresh))
     return {rel: v[4] for rel, v in fresh.items()}
 
+# %% ../nbs/00_core.ipynb #38d0bd7f
+def pins_dir()->Path|None:
+    "Where pinned builds are read and kept: `$FUSION_NB_PINS` (`off`: nowhere), else `pins/` in the package's checkout."
+    v = os.environ.get('FUSION_NB_PINS', '').strip()
+    if v.lower() == 'off': return None
+    import fusion_nb
+    return Path(v).resolve() if v else Path(fusion_nb.__file__).resolve().parents[1]/'pins'
+
+
+# %% ../nbs/00_core.ipynb #55a1c976
+def pin_key(folder:str|Path)->str|None:
+    "How pins name `folder`: its path under its project's `data/` (`tiny/robust/cifar10`); None outside a project's data."
+    folder = Path(folder).resolve()
+    for d in folder.parents:
+        if d.name == 'data' and (d.parent/'settings.ini').exists(): return folder.relative_to(d).as_posix()
+    return None
+
+
+# %% ../nbs/00_core.ipynb #7078c0ca
+def _pin_where(folder:str|Path)->tuple[Path|None, str|None]:
+    "(store, key) of `folder`, or (None, None) when no store serves it."
+    store, key = pins_dir(), pin_key(folder)
+    if store and key and not os.environ.get('FUSION_NB_PINS', '').strip():
+        if not Path(folder).resolve().is_relative_to(store.parent/'data'): return None, None
+    return (store, key) if store and key else (None, None)
+
+
+# %% ../nbs/00_core.ipynb #920da7aa
+def pinning()->bool:
+    "Whether builds keep what they make as pins: `$FUSION_NB_PIN=1` (`make pins`, after a recipe changed)."
+    return os.environ.get('FUSION_NB_PIN', '').strip() == '1'
+
+
+# %% ../nbs/00_core.ipynb #7ac43d96
+def read_pins(store:str|Path|None=None)->dict:
+    "The pin index of `store` (default `pins_dir()`): item → {recipe, files, info}; {} when there is none."
+    f = Path(store or pins_dir() or '/nonexistent')/'index.json'
+    try: return json.loads(f.read_text(encoding='utf-8'))
+    except FileNotFoundError: return {}
+    except ValueError as err: raise FusionError(f"{f} is not readable JSON ({err}): check it out again (`git checkout -- {f}`)")
+
+
+# %% ../nbs/00_core.ipynb #ada51d16
+def restore_pin(folder:str|Path, # the build's folder, where the item's files go
+                name:str, # the item, as the build names it
+                recipe:str, # the digest of what makes it now
+               )->dict|None:
+    "Copy the pinned files of `name` made by `recipe` into `folder`, each checked by SHA-256; what its build recorded, or None (no pin)."
+    store, key = _pin_where(folder)
+    entry = read_pins(store).get(f'{key}/{name}') if store else None
+    if not entry or entry.get('recipe') != recipe: return None
+    for rel, sha in sorted(entry['files'].items(), key=lambda f: Path(f[0]).name == 'manifest.json'):
+        src = store/key/rel
+        if not src.is_file() or _sha256_file(src) != sha:
+            raise FusionError(f"pinned file {src} is missing or is not the one pinned for {key}/{name} (sha256 {sha[:12]}…): "
+                              f"restore it (`git checkout -- {src}`), or set FUSION_NB_PINS=off to train instead")
+        with atomic_write(Path(folder)/rel, 'wb') as f, open(src, 'rb') as s: shutil.copyfileobj(s, f, 1 << 20)
+    return dict(entry.get('info', {}))
+
+
+# %% ../nbs/00_core.ipynb #2ec128f0
+def save_pin(folder:str|Path, name:str, recipe:str,
+             files:Mapping[str, str], # the item's files, relative to `folder` → their SHA-256
+             info:Mapping|None=None, # what its build recorded (restored with it)
+            )->bool:
+    "When pinning (`pinning()`), keep `files` of `folder` as the pin of `name` made by `recipe`; whether the store changed."
+    store, key = _pin_where(folder)
+    if not (pinning() and store): return False
+    entry = {'recipe': recipe, 'files': dict(sorted(files.items())), **({'info': dict(info)} if info else {})}
+    store.mkdir(parents=True, exist_ok=True)
+    with _folder_lock(store):
+        index = read_pins(store); old = index.get(f'{key}/{name}', {})
+        if old == entry and all((store/key/r).is_file() for r in files): return False
+        for rel in set(old.get('files', {})) - set(files): (store/key/rel).unlink(missing_ok=True)
+        for rel, sha in files.items():
+            if _sha256_file(Path(folder)/rel) != sha: raise FusionError(f"{Path(folder)/rel} changed while it was being pinned")
+            with atomic_write(store/key/rel, 'wb') as f, open(Path(folder)/rel, 'rb') as s: shutil.copyfileobj(s, f, 1 << 20)
+        atomic_write_text(store/'index.json', json.dumps(dict(sorted({**index, f'{key}/{name}': entry}.items())), indent=1) + '\n')
+    return True
+
+
 # %% ../nbs/00_core.ipynb #cb0a1e02
+_NOT_INFO = ('recipe', 'seconds', 'files', 'pinned')   # what `cached_builds` adds to an item's entry
+
 def cached_builds(folder:str|Path, # holds the items and manifest.json
                   recipes:dict[str, str], # item name → digest of what makes it, in the order to build and list them
                   build:Callable[[str], dict], # builds one item's files in `folder`; returns what to record about it
@@ -252,7 +335,7 @@ def cached_builds(folder:str|Path, # holds the items and manifest.json
                   header:dict|None=None, # the manifest's other keys (what the whole folder is)
                   keep_others:bool=True, # keep entries of items not in `recipes` (e.g. built for another task subset)
                   desc:str='build', progress:bool=True)->dict:
-    "Build the items of `recipes` that are missing, stale or changed on disk, recording each in `folder/manifest.json`; return the manifest."
+    "Build (or restore from pins) the items of `recipes` that are missing, stale or changed on disk, recording each in `folder/manifest.json`; return the manifest."
     from tqdm.auto import tqdm
     folder = Path(folder); f = folder/'manifest.json'
     try: old = json.loads(f.read_text()) if f.exists() else {}
@@ -266,10 +349,14 @@ def cached_builds(folder:str|Path, # holds the items and manifest.json
     kept = {n: entries[n] for n in recipes if current(n)}
     man = {**(header or {}), section: {**kept, **({n: e for n, e in entries.items() if n not in recipes} if keep_others else {})}}
     if man != old: atomic_write_text(f, json.dumps(man, indent=1))   # unchanged: not rewritten
+    for n, e in kept.items(): save_pin(folder, n, recipes[n], e['files'], {k: v for k, v in e.items() if k not in _NOT_INFO})
     for n in tqdm([n for n in recipes if n not in kept], desc=desc, disable=not progress):
         folder.mkdir(parents=True, exist_ok=True); t0 = time.time()
-        info = dict(build(n) or {})
-        man[section][n] = {**info, 'recipe': recipes[n], 'seconds': round(time.time() - t0, 1), 'files': digest(n)}
+        pinned = restore_pin(folder, n, recipes[n])   # the checkout's copy, when it has one of this recipe
+        info = dict(build(n) or {}) if pinned is None else pinned
+        man[section][n] = {**info, 'recipe': recipes[n], 'seconds': round(time.time() - t0, 1), 'files': digest(n),
+                           **({'pinned': True} if pinned is not None else {})}
+        if pinned is None: save_pin(folder, n, recipes[n], man[section][n]['files'], info)
         man[section] = {**{k: man[section][k] for k in recipes if k in man[section]}, **man[section]}   # recipes' order first
         atomic_write_text(f, json.dumps(man, indent=1))
     return man

@@ -14,7 +14,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 import fusion_nb
-from ..core import FusionError, UnknownNameError, atomic_write_text, code_digest, file_hashes, project_root
+from ..core import (FusionError, UnknownNameError, atomic_write_text, code_digest, file_hashes, project_root, restore_pin,
+                            save_pin)
 from ..catalog import templates_for
 from ..evaluation import evaluate, zeroshot_head
 from ..pools import PRETRAINED, ModelPool, TaskPool
@@ -88,8 +89,11 @@ def build_second_backbone(scale:str='tiny', # 'tiny' or 'micro'
     bad_clip, bad_experts = (True, set(NEULIG_TASKS)) if force or old.get('recipe') != recipe else _stale_parts(base, old, hash_cache_dir(root))
     missing_clip = bad_clip or not (clip_dir/'config.json').exists()
     missing = [t for t, d in expert_dirs.items() if missing_clip or t in bad_experts or not (d/'config.json').exists()]
-    if not missing: return base
-    if os.environ.get(_CHILD) != '1':
+    models = lambda files: {f: h for f, h in files.items() if f.startswith('models/')}   # one pinned item
+    if not missing: save_pin(base, 'models', recipe, models(old['files'])); return base   # kept when pinning
+    pinned = restore_pin(base, 'models', recipe) is not None   # the checkout's, when it has one of this recipe
+    if pinned: missing_clip, missing = False, []
+    elif os.environ.get(_CHILD) != '1':
         return _build_in_child(log, scale=scale, root=str(Path(root or project_root()).resolve()), seed=seed, force=force,
                                progress=progress, threads=threads)
     timings = {}
@@ -100,10 +104,11 @@ def build_second_backbone(scale:str='tiny', # 'tiny' or 'micro'
         for t in tqdm(missing, desc=f'experts of {SECOND_BACKBONE} ({scale})', disable=not progress):
             finetune_expert(clip_dir, t, datasets/t, expert_dirs[t], cfg, seed=seed, device='cpu', progress=progress)
         timings['experts_s'] = round(time.time() - s, 1)
+    files = {f: h for f, h in file_hashes(base, hash_cache_dir(root)).items() if f != 'manifest.json'}
+    if not pinned: save_pin(base, 'models', recipe, models(files))
     manifest = {'scale': scale, 'seed': seed, 'threads': threads, 'built': datetime.datetime.now().isoformat(timespec='seconds'),
-                'rebuilt_now': {'clip': missing_clip, 'experts': missing}, 'timings': timings, 'zoo': dataclasses.asdict(cfg),
-                'expert_tasks': NEULIG_TASKS, 'recipe': recipe,
-                'files': {f: h for f, h in file_hashes(base, hash_cache_dir(root)).items() if f != 'manifest.json'}}
+                'rebuilt_now': {'clip': missing_clip, 'experts': missing, 'from_pins': pinned}, 'timings': timings,
+                'zoo': dataclasses.asdict(cfg), 'expert_tasks': NEULIG_TASKS, 'recipe': recipe, 'files': files}
     atomic_write_text(base/'manifest.json', json.dumps(manifest, indent=1))
     return base
 

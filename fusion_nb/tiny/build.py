@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core import (FusionError, HyperparameterError, atomic_write_text, code_digest, file_hashes, get_device, json_digest,
-                            project_root)
+                            project_root, restore_pin, save_pin)
 from ..catalog import templates_for
 from .tasks import EIGHT_TASKS, SCALES, TASKS, build_datasets, vocabulary
 from .zoo import EXPERT_TASKS, deterministic, finetune_expert, pretrain_clip, zoo_config
@@ -94,6 +94,8 @@ def _library_bars(enabled:bool):
         (tlog.enable_progress_bar if old[1] else tlog.disable_progress_bar)()
 
 # %% ../../nbs/tiny/15_build.ipynb #8fc74d96
+def _models(files:dict)->dict: return {f: h for f, h in files.items() if f.startswith('models/')}   # the zoo: one pinned item
+
 def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' (tests, smoke runs)
                     root:str|Path|None=None, # project root (default: the one holding settings.ini)
                     seed:int=0,
@@ -124,7 +126,10 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
         return f.exists() and set(ROBUSTNESS_CORRUPTIONS) <= set(json.loads(f.read_text())['splits'])
     stale_corrupted = old.get('recipes', {}).get('corruptions') != rec['corruptions']
     missing_corrupted = [t for t in ROBUSTNESS_TASKS if stale_corrupted or t in missing_data or not has_corruptions(t)]
-    if not (missing_data or missing_clip or missing_experts or missing_corrupted): return base
+    pinned = bool(missing_clip or missing_experts) and restore_pin(base, 'models', rec['zoo']) is not None   # the checkout's zoo
+    if pinned: missing_clip, missing_experts = False, []
+    elif not (missing_clip or missing_experts): save_pin(base, 'models', rec['zoo'], _models(old['files']))   # when pinning
+    if not (missing_data or missing_clip or missing_experts or missing_corrupted or pinned): return base
     if (missing_clip or missing_experts) and os.environ.get(_CHILD) != '1':   # training ahead: in a process that waits politely
         return _build_in_child(log, scale=scale, root=str(Path(root or project_root()).resolve()), seed=seed, force=force,
                                progress=progress, device=None if device is None else str(device), threads=threads)
@@ -145,8 +150,10 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
             finetune_expert(clip_dir, t, base/'datasets'/t, expert_dirs[t], cfg, seed=seed, device=device, progress=progress)
         if missing_experts: timings['experts_s'] = round(time.time() - s, 1); built += missing_experts
     files = {f: h for f, h in file_hashes(base, hash_cache_dir(root)).items() if f != 'manifest.json'}
+    if built: save_pin(base, 'models', rec['zoo'], _models(files))
     manifest = {'scale': scale, 'seed': seed, 'threads': threads, 'built': datetime.datetime.now().isoformat(timespec='seconds'),
-                'rebuilt_now': {'datasets': missing_data, 'corrupted': missing_corrupted, 'models': built}, 'timings': timings,
+                'rebuilt_now': {'datasets': missing_data, 'corrupted': missing_corrupted, 'models': built, 'models_from_pins': pinned},
+                'timings': timings,
                 'sizes': SCALES[scale], 'corruptions': {'tasks': ROBUSTNESS_TASKS, 'corruptions': ROBUSTNESS_CORRUPTIONS, 'severity': CORRUPTION_SEVERITY},
                 'zoo': asdict(cfg), 'tasks': list(TASKS), 'expert_tasks': EXPERT_TASKS, 'versions': _versions(),
                 'recipes': rec, 'files': files}

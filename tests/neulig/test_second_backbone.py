@@ -47,7 +47,7 @@ def test_built_on_first_use_where_the_profile_says(project):
     assert P1.experts == {t: str(root/'data'/'second_backbone'/'micro'/'models'/f'{SECOND_BACKBONE}_{t}') for t in NEULIG_TASKS}
     assert (P1.tasks, P1.datasets, P1.batch_size, P1.device) == (P.tasks, P.datasets, P.batch_size, P.device)
     m = manifest(root)
-    assert m['rebuilt_now'] == {'clip': True, 'experts': NEULIG_TASKS} and m['expert_tasks'] == NEULIG_TASKS
+    assert m['rebuilt_now'] == {'clip': True, 'experts': NEULIG_TASKS, 'from_pins': False} and m['expert_tasks'] == NEULIG_TASKS
     assert not (REPO/'data'/'micro'/'second_backbone').exists()   # nothing written into the shared benchmark
 
 def test_architecture_differs(project):
@@ -116,7 +116,7 @@ def test_rebuild_is_byte_identical(project, tmp_path):
     assert manifest(other) == before
     (second_backbone_dir('micro', other)/'models'/f'{SECOND_BACKBONE}_gtsrb'/'config.json').write_text('{}')
     build_second_backbone('micro', other, progress=False, log=lambda s: None)
-    assert manifest(other)['rebuilt_now'] == {'clip': False, 'experts': ['gtsrb']} and manifest(other)['files'] == before['files']
+    assert manifest(other)['rebuilt_now'] == {'clip': False, 'experts': ['gtsrb'], 'from_pins': False} and manifest(other)['files'] == before['files']
 
 def test_task_arithmetic_merges_the_second_backbone(project):
     _, P, _ = project

@@ -49,7 +49,7 @@ def test_stale_zoo_recipe_rebuilds_models_only(built, tmp_path):
     before = json.loads((base/'manifest.json').read_text())
     build_benchmark('micro', root, progress=False, threads=1)            # another thread count: another zoo recipe
     after = json.loads((base/'manifest.json').read_text())
-    assert after['rebuilt_now'] == {'datasets': [], 'corrupted': [], 'models': ['clip', *EXPERT_TASKS]}
+    assert after['rebuilt_now'] == {'datasets': [], 'corrupted': [], 'models': ['clip', *EXPERT_TASKS], 'models_from_pins': False}
     assert {k: v for k, v in after['files'].items() if k.startswith('datasets/')} == \
            {k: v for k, v in before['files'].items() if k.startswith('datasets/')}
     assert verify_benchmark('micro', root) == []
