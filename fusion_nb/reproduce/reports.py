@@ -18,7 +18,8 @@ import fusion_nb
 
 # %% auto #0
 __all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records', 'save_figure',
-           'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'headline_numbers', 'write_report']
+           'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread',
+           'beyond_spread', 'headline_numbers', 'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #d3e31a10
 _CMP = ('reproduced', 'reported', 'difference')
@@ -142,6 +143,35 @@ def paper_model(profile, # a Profile (or anything with `name` and `extra`)
                )->str:
     "The paper model a profile's results are compared with: its `paper_model` key, else its name."
     return (getattr(profile, 'extra', {}) or {}).get('paper_model', '').strip() or profile.name
+
+# %% ../../nbs/reproduce/91_reports.ipynb #2a1ee947
+def load_build_spread(profile:str='tiny', root:str|Path|None=None)->tuple[pd.DataFrame, str|None]:
+    "(`Avg.` per build: one row per experiment, table and row, a column per seed; the zoo recipe it was measured on); empty without one."
+    f = Path(root or project_root())/'data'/'paper_values'/f'build_spread_{profile}.csv'
+    if not f.exists(): return pd.DataFrame(), None
+    header = f.read_text(encoding='utf-8').split('\n', 1)[0]
+    recipe = header.split('zoo recipe ', 1)[1].split()[0] if 'zoo recipe ' in header else None
+    return pd.read_csv(f, comment='#').set_index(['experiment', 'table', 'row']), recipe
+
+
+# %% ../../nbs/reproduce/91_reports.ipynb #501a6386
+def beyond_spread(here:Mapping[str, float], # row → its value in this run
+                  builds:pd.DataFrame, # row → its value in each build (the `seed …` columns; `load_build_spread`)
+                  comparisons:Sequence[tuple[str, str]], # (a, b): the finding "a above b"
+                 )->pd.DataFrame:
+    "Each finding `a > b`: the difference here, that difference in each build, its spread, and the verdict."
+    seeds = [c for c in builds.columns if str(c).startswith('seed')]
+    out = []
+    for a, b in comparisons:
+        diff = here[a] - here[b]
+        if a not in builds.index or b not in builds.index:
+            out.append({'finding': f'{a} > {b}', 'difference here': diff, 'verdict': 'build spread not measured'}); continue
+        d = builds.loc[a, seeds] - builds.loc[b, seeds]; spread = float(d.max() - d.min())
+        verdict = 'holds' if diff > spread else 'reversed' if diff < -spread else 'within the build spread'
+        out.append({'finding': f'{a} > {b}', 'difference here': diff, 'across builds': f"{d.min():.1f} … {d.max():.1f}",
+                    'build spread': spread, 'verdict': verdict})
+    return pd.DataFrame(out).set_index('finding')
+
 
 # %% ../../nbs/reproduce/91_reports.ipynb #ca7cc476
 HEADLINE_ROWS = {  # experiment → rows of its table.csv whose `Avg.` heads REPORT.md

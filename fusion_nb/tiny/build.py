@@ -28,7 +28,8 @@ import fusion_nb
 # %% auto #0
 __all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BUILD_THREADS', 'MICRO_POOL_TASKS',
            'benchmark_dir', 'recipes', 'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir',
-           'read_manifest', 'changed_files', 'owners', 'build_threads', 'run_in_child', 'micro_pool', 'zoo_accuracy']
+           'read_manifest', 'changed_files', 'owners', 'build_seed', 'build_threads', 'run_in_child', 'micro_pool',
+           'zoo_accuracy']
 
 # %% ../../nbs/tiny/15_build.ipynb #3b65e732
 def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
@@ -53,7 +54,9 @@ ROBUSTNESS_TASKS = ['stanford_cars', 'eurosat', 'resisc45', 'gtsrb']  # paper 00
 ROBUSTNESS_CORRUPTIONS = ['motion_blur', 'impulse_noise', 'gaussian_noise', 'pixelate', 'spatter', 'contrast', 'jpeg_compression']
 CORRUPTION_SEVERITY = 3  # ImageNet-C's middle severity (the paper does not state one)
 
-def recipes(scale:str, seed:int=0, threads:int=2)->dict[str, str]:
+def recipes(scale:str, seed:int=0, threads:int=2,
+            train_seed:int|None=None, # the zoo's training seed when it is not `seed` (`build_seed`)
+           )->dict[str, str]:
     "Digests of what the datasets and the zoo of `scale` depend on (a change means: rebuild)."
     from fusion_nb.tiny import clip_factory, finetune, tasks as tiny_tasks, zoo as tiny_zoo
     from fusion_nb.evaluation import zeroshot_head
@@ -61,7 +64,8 @@ def recipes(scale:str, seed:int=0, threads:int=2)->dict[str, str]:
                     'code': code_digest(tiny_tasks)})
     zoo = json_digest({'data': data, 'zoo': asdict(zoo_config(scale)), 'threads': threads, 'experts': EXPERT_TASKS,
                    'vocabulary': vocabulary(), 'templates': {t: templates_for(t) for t in EXPERT_TASKS},
-                   'code': code_digest(clip_factory, finetune, tiny_zoo, zeroshot_head)})
+                   'code': code_digest(clip_factory, finetune, tiny_zoo, zeroshot_head),
+                   **({'train_seed': train_seed} if train_seed not in (None, seed) else {})})   # the published recipe: unchanged
     from fusion_nb.tiny import corruptions
     corrupted = json_digest({'data': data, 'tasks': ROBUSTNESS_TASKS, 'corruptions': ROBUSTNESS_CORRUPTIONS,
                          'severity': CORRUPTION_SEVERITY, 'code': code_digest(corruptions)})
@@ -106,8 +110,8 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
                     log=print, # where notes on what is rebuilt go
                    )->Path:
     "Build what is missing (or stale) of the benchmark at `scale`; write `manifest.json`; return its folder."
-    base, threads = benchmark_dir(scale, root), build_threads() if threads is None else threads
-    cfg, rec = zoo_config(scale), recipes(scale, seed, threads)
+    base, threads, train_seed = benchmark_dir(scale, root), build_threads() if threads is None else threads, build_seed(seed)
+    cfg, rec = zoo_config(scale), recipes(scale, seed, threads, train_seed)
     old = read_manifest(scale, root)
     stale_data = force or old.get('recipes', {}).get('data') != rec['data']
     stale_zoo = stale_data or old.get('recipes', {}).get('zoo') != rec['zoo']
@@ -143,16 +147,16 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
             for t in tqdm(missing_corrupted, desc='corrupted test sets', disable=not progress): add_corrupted_splits(base/'datasets'/t, seed=seed)
             timings['corruptions_s'] = round(time.time() - s, 1)
         if missing_clip:
-            s = time.time(); pretrain_clip(clip_dir, cfg, seed=seed, device=device, progress=progress)
+            s = time.time(); pretrain_clip(clip_dir, cfg, seed=train_seed, device=device, progress=progress)
             timings['pretrain_s'] = round(time.time() - s, 1); built.append('clip')
         s = time.time()
         for t in tqdm(missing_experts, desc=f'experts ({scale})', disable=not progress):
-            finetune_expert(clip_dir, t, base/'datasets'/t, expert_dirs[t], cfg, seed=seed, device=device, progress=progress)
+            finetune_expert(clip_dir, t, base/'datasets'/t, expert_dirs[t], cfg, seed=train_seed, device=device, progress=progress)
         if missing_experts: timings['experts_s'] = round(time.time() - s, 1); built += missing_experts
     files = {f: h for f, h in file_hashes(base, hash_cache_dir(root)).items() if f != 'manifest.json'}
     if built: save_pin(base, 'models', rec['zoo'], _models(files))
-    manifest = {'scale': scale, 'seed': seed, 'threads': threads, 'built': datetime.datetime.now().isoformat(timespec='seconds'),
-                'rebuilt_now': {'datasets': missing_data, 'corrupted': missing_corrupted, 'models': built, 'models_from_pins': pinned},
+    manifest = {'scale': scale, 'seed': seed, **({'train_seed': train_seed} if train_seed != seed else {}), 'threads': threads,
+                'built': datetime.datetime.now().isoformat(timespec='seconds'), 'rebuilt_now': {'datasets': missing_data, 'corrupted': missing_corrupted, 'models': built, 'models_from_pins': pinned},
                 'timings': timings,
                 'sizes': SCALES[scale], 'corruptions': {'tasks': ROBUSTNESS_TASKS, 'corruptions': ROBUSTNESS_CORRUPTIONS, 'severity': CORRUPTION_SEVERITY},
                 'zoo': asdict(cfg), 'tasks': list(TASKS), 'expert_tasks': EXPERT_TASKS, 'versions': _versions(),
@@ -205,6 +209,13 @@ def owners(files:Sequence[str])->tuple[set[str], bool, set[str]]:
 # %% ../../nbs/tiny/15_build.ipynb #9e8a553d
 BUILD_THREADS = 2  # torch threads of the published tiny build: the weights depend on the count
 _CHILD = 'FUSION_NB_BUILD_CHILD'  # set in the build process that `build_benchmark` starts
+
+def build_seed(seed:int=0)->int:
+    "The zoo's training seed: `$FUSION_NB_BUILD_SEED` if set (another seed, another zoo: the spread between builds), else `seed`."
+    v = os.environ.get('FUSION_NB_BUILD_SEED', '').strip()
+    if not v: return seed
+    if not v.isdigit(): raise HyperparameterError(f"FUSION_NB_BUILD_SEED={v!r}: expected an integer ≥ 0")
+    return int(v)
 
 def build_threads()->int:
     "Torch threads for training: `$FUSION_NB_BUILD_THREADS` if set (another count: another zoo recipe), else `BUILD_THREADS`."
