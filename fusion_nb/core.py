@@ -17,8 +17,9 @@ import torch
 __all__ = ['PROGRESS_MODES', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError',
            'HyperparameterError', 'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype',
            'current_umask', 'honour_umask', 'remove_stale_temps', 'atomic_write', 'atomic_write_text', 'atomic_dir',
-           'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'read_pins', 'restore_pin', 'save_pin', 'cached_builds',
-           'progress_mode', 'heartbeat', 'project_root', 'check_known_keys', 'json_digest', 'code_digest']
+           'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'read_pins', 'restore_pin', 'save_pin',
+           'pinned_differences', 'cached_builds', 'progress_mode', 'heartbeat', 'project_root', 'check_known_keys',
+           'json_digest', 'code_digest']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -293,7 +294,7 @@ def restore_pin(folder:str|Path, # the build's folder, where the item's files go
     "Copy the pinned files of `name` made by `recipe` into `folder`, each checked by SHA-256; what its build recorded, or None (no pin)."
     store, key = _pin_where(folder)
     entry = read_pins(store).get(f'{key}/{name}') if store else None
-    if not entry or entry.get('recipe') != recipe: return None
+    if not entry or entry.get('recipe') != recipe or entry.get('hashes_only'): return None
     for rel, sha in sorted(entry['files'].items(), key=lambda f: Path(f[0]).name == 'manifest.json'):
         src = store/key/rel
         if not src.is_file() or _sha256_file(src) != sha:
@@ -307,21 +308,35 @@ def restore_pin(folder:str|Path, # the build's folder, where the item's files go
 def save_pin(folder:str|Path, name:str, recipe:str,
              files:Mapping[str, str], # the item's files, relative to `folder` → their SHA-256
              info:Mapping|None=None, # what its build recorded (restored with it)
+             copy:bool=True, # False: keep the hashes only (what a build makes anyway, to compare with: `pinned_differences`)
             )->bool:
     "When pinning (`pinning()`), keep `files` of `folder` as the pin of `name` made by `recipe`; whether the store changed."
     store, key = _pin_where(folder)
     if not (pinning() and store): return False
-    entry = {'recipe': recipe, 'files': dict(sorted(files.items())), **({'info': dict(info)} if info else {})}
+    entry = {'recipe': recipe, 'files': dict(sorted(files.items())), **({'info': dict(info)} if info else {}),
+             **({} if copy else {'hashes_only': True})}
     store.mkdir(parents=True, exist_ok=True)
     with _folder_lock(store):
         index = read_pins(store); old = index.get(f'{key}/{name}', {})
-        if old == entry and all((store/key/r).is_file() for r in files): return False
-        for rel in set(old.get('files', {})) - set(files): (store/key/rel).unlink(missing_ok=True)
-        for rel, sha in files.items():
+        if old == entry and (not copy or all((store/key/r).is_file() for r in files)): return False
+        for rel in set(old.get('files', {})) - set(files if copy else ()): (store/key/rel).unlink(missing_ok=True)
+        for rel, sha in files.items() if copy else ():
             if _sha256_file(Path(folder)/rel) != sha: raise FusionError(f"{Path(folder)/rel} changed while it was being pinned")
             with atomic_write(store/key/rel, 'wb') as f, open(Path(folder)/rel, 'rb') as s: shutil.copyfileobj(s, f, 1 << 20)
         atomic_write_text(store/'index.json', json.dumps(dict(sorted({**index, f'{key}/{name}': entry}.items())), indent=1) + '\n')
     return True
+
+
+# %% ../nbs/00_core.ipynb #7509455b
+def pinned_differences(folder:str|Path, name:str, recipe:str,
+                       files:Mapping[str, str], # what was built here: relative path → SHA-256
+                      )->list[str]:
+    "Files of `name` whose hash differs from (or is missing in) its pin for `recipe`; [] when they agree or nothing is pinned."
+    store, key = _pin_where(folder)
+    entry = read_pins(store).get(f'{key}/{name}') if store else None
+    if not entry or entry.get('recipe') != recipe: return []
+    pinned = entry['files']
+    return sorted(f for f in set(pinned) | set(files) if pinned.get(f) != files.get(f))
 
 
 # %% ../nbs/00_core.ipynb #cb0a1e02

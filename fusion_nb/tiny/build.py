@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core import (FusionError, HyperparameterError, atomic_write_text, code_digest, file_hashes, get_device, json_digest,
-                            project_root, restore_pin, save_pin)
+                            pinned_differences, project_root, restore_pin, save_pin)
 from ..catalog import templates_for
 from .tasks import EIGHT_TASKS, SCALES, TASKS, build_datasets, vocabulary
 from .zoo import EXPERT_TASKS, deterministic, finetune_expert, pretrain_clip, zoo_config
@@ -100,6 +100,14 @@ def _library_bars(enabled:bool):
 # %% ../../nbs/tiny/15_build.ipynb #8fc74d96
 def _models(files:dict)->dict: return {f: h for f, h in files.items() if f.startswith('models/')}   # the zoo: one pinned item
 
+def _check_datasets(base:Path, recipe:str, files:dict, log)->None:
+    "Compare the datasets rendered here with the pinned build's hashes (kept when pinning); say which differ."
+    data = {f: h for f, h in files.items() if f.startswith('datasets/')}
+    save_pin(base, 'datasets', recipe, data, copy=False)
+    if bad := pinned_differences(base, 'datasets', recipe, data):
+        log(f"warning: {len(bad)} dataset file(s) rendered here differ from the pinned build's ({', '.join(bad[:3])}"
+            f"{' ...' if len(bad) > 3 else ''}): this machine's tables will differ from the published ones")
+
 def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' (tests, smoke runs)
                     root:str|Path|None=None, # project root (default: the one holding settings.ini)
                     seed:int=0,
@@ -155,6 +163,7 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
         if missing_experts: timings['experts_s'] = round(time.time() - s, 1); built += missing_experts
     files = {f: h for f, h in file_hashes(base, hash_cache_dir(root)).items() if f != 'manifest.json'}
     if built: save_pin(base, 'models', rec['zoo'], _models(files))
+    if missing_data or missing_corrupted: _check_datasets(base, f"{rec['data']}+{rec['corruptions']}", files, log)
     manifest = {'scale': scale, 'seed': seed, **({'train_seed': train_seed} if train_seed != seed else {}), 'threads': threads,
                 'built': datetime.datetime.now().isoformat(timespec='seconds'), 'rebuilt_now': {'datasets': missing_data, 'corrupted': missing_corrupted, 'models': built, 'models_from_pins': pinned},
                 'timings': timings,
