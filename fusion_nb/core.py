@@ -331,10 +331,10 @@ def save_pin(folder:str|Path, name:str, recipe:str,
 def pinned_differences(folder:str|Path, name:str, recipe:str,
                        files:Mapping[str, str], # what was built here: relative path → SHA-256
                       )->list[str]:
-    "Files of `name` whose hash differs from (or is missing in) its pin for `recipe`; [] when they agree or nothing is pinned."
+    "Files of `name` whose hash differs from (or is missing in) its pin for `recipe`: [] when they agree, None when it has none."
     store, key = _pin_where(folder)
     entry = read_pins(store).get(f'{key}/{name}') if store else None
-    if not entry or entry.get('recipe') != recipe: return []
+    if not entry or entry.get('recipe') != recipe: return None
     pinned = entry['files']
     return sorted(f for f in set(pinned) | set(files) if pinned.get(f) != files.get(f))
 

@@ -28,8 +28,8 @@ import fusion_nb
 # %% auto #0
 __all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BUILD_THREADS', 'MICRO_POOL_TASKS',
            'benchmark_dir', 'recipes', 'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir',
-           'read_manifest', 'changed_files', 'owners', 'build_seed', 'build_threads', 'run_in_child', 'micro_pool',
-           'zoo_accuracy']
+           'read_manifest', 'changed_files', 'owners', 'zoo_provenance', 'build_seed', 'build_threads', 'run_in_child',
+           'micro_pool', 'zoo_accuracy']
 
 # %% ../../nbs/tiny/15_build.ipynb #3b65e732
 def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
@@ -214,6 +214,17 @@ def owners(files:Sequence[str])->tuple[set[str], bool, set[str]]:
         elif parts[:1] == ('models',) and len(parts) > 2 and parts[1].startswith('clip-vit-tiny_'): experts.add(parts[1].removeprefix('clip-vit-tiny_'))
         else: return set(TASKS), True, set(EXPERT_TASKS)
     return data, clip, experts
+
+# %% ../../nbs/tiny/15_build.ipynb #802e80a7
+def zoo_provenance(scale:str='tiny', root:str|Path|None=None)->str:
+    "In words: is the built zoo of `scale` the pinned build (the same on every machine) or one trained here? '' when not built."
+    m = read_manifest(scale, root)
+    if not m: return ''
+    rec = m['recipes']['zoo']; diff = pinned_differences(benchmark_dir(scale, root), 'models', rec, _models(m['files']))
+    if diff == []: return f"The {scale} zoo is the pinned build (pins/, recipe {rec[:12]}): the same weights on every machine."
+    why = 'pins/ holds none of its recipe' if diff is None else f'{len(diff)} file(s) differ from the pinned build of its recipe'
+    return f"The {scale} zoo was trained on this machine ({why}, {rec[:12]}): its tables may differ from other machines'."
+
 
 # %% ../../nbs/tiny/15_build.ipynb #9e8a553d
 BUILD_THREADS = 2  # torch threads of the published tiny build: the weights depend on the count
