@@ -19,7 +19,7 @@ from ..tiny.build import zoo_provenance   # a report says whether its zoo is the
 
 # %% auto #0
 __all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records', 'save_figure',
-           'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread',
+           'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread', 'spread_rows',
            'beyond_spread', 'headline_numbers', 'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #d3e31a10
@@ -153,6 +153,12 @@ def load_build_spread(profile:str='tiny', root:str|Path|None=None)->tuple[pd.Dat
     header = f.read_text(encoding='utf-8').split('\n', 1)[0]
     recipe = header.split('zoo recipe ', 1)[1].split()[0] if 'zoo recipe ' in header else None
     return pd.read_csv(f, comment='#').set_index(['experiment', 'table', 'row']), recipe
+
+def spread_rows(spread:pd.DataFrame, # `load_build_spread`'s table
+                experiment:str, table:str='table')->pd.DataFrame:
+    "The rows of one experiment's table in a build spread (index: row), empty when it was not measured."
+    if spread.empty or (experiment, table) not in spread.index.droplevel('row'): return pd.DataFrame()
+    return spread.xs((experiment, table), level=('experiment', 'table'))
 
 
 # %% ../../nbs/reproduce/91_reports.ipynb #501a6386
