@@ -176,7 +176,7 @@ def beyond_spread(here:Mapping[str, float], # row → its value in this run
         d = builds.loc[a, seeds] - builds.loc[b, seeds]; spread = float(d.max() - d.min())
         verdict = 'holds' if diff > spread else 'reversed' if diff < -spread else 'within the build spread'
         out.append({'finding': f'{a} > {b}', 'difference here': diff, 'across builds': f"{d.min():.1f} … {d.max():.1f}",
-                    'build spread': spread, 'verdict': verdict})
+                    'builds where it holds': f"{int((d > 0).sum())} of {len(d)}", 'build spread': spread, 'verdict': verdict})
     return pd.DataFrame(out).set_index('finding')
 
 
