@@ -15,7 +15,6 @@ import pandas as pd
 from ..core import atomic_write, atomic_write_text, project_root
 from ..evaluation import method_task_table   # records → table is the spine's; the papers' tables use it
 import fusion_nb
-from ..tiny.build import zoo_provenance   # a report says whether its zoo is the pinned one
 
 # %% auto #0
 __all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records', 'save_figure',
@@ -232,7 +231,9 @@ def write_report(profile_dir:str|Path, # outputs/<profile>
         lines += [f"Pretrained model `{profile.pretrained}`; tasks {', '.join(profile.tasks)}; device {profile.device}"
                   + (f"; at most {profile.max_test_samples} test samples per task" if profile.max_test_samples else '; full test splits')
                   + '.', '']
-    if getattr(profile, 'build', None): lines += [zoo_provenance(profile.build, profile.root), '']
+    if getattr(profile, 'build', None):   # is its zoo the pinned one? (imported here: the builder loads transformers)
+        from fusion_nb.tiny.build import zoo_provenance
+        lines += [zoo_provenance(profile.build, profile.root), '']
     lines += [f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} by fusion_nb {fusion_nb.__version__}.", '']
     if failed: lines += [f"**Failed in the last run:** {', '.join(failed)} — see the sections below.", '']
     head = headline_numbers(pdir)
