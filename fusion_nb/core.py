@@ -330,7 +330,7 @@ def save_pin(folder:str|Path, name:str, recipe:str,
 # %% ../nbs/00_core.ipynb #7509455b
 def pinned_differences(folder:str|Path, name:str, recipe:str,
                        files:Mapping[str, str], # what was built here: relative path → SHA-256
-                      )->list[str]:
+                      )->list[str]|None:
     "Files of `name` whose hash differs from (or is missing in) its pin for `recipe`: [] when they agree, None when it has none."
     store, key = _pin_where(folder)
     entry = read_pins(store).get(f'{key}/{name}') if store else None
