@@ -352,29 +352,33 @@ def cached_builds(folder:str|Path, # holds the items and manifest.json
                   desc:str='build', progress:bool=True)->dict:
     "Build (or restore from pins) the items of `recipes` that are missing, stale or changed on disk, recording each in `folder/manifest.json`; return the manifest."
     from tqdm.auto import tqdm
-    folder = Path(folder); f = folder/'manifest.json'
-    try: old = json.loads(f.read_text()) if f.exists() else {}
-    except ValueError: old = {}   # torn: rebuild what it listed
-    entries = old.get(section, {}) if isinstance(old.get(section), dict) else {}
-    digest = lambda n: {f'{p}/{rel}' if (folder/p).is_dir() else p: h for p in files(n) for rel, h in file_hashes(folder/p, folder/'.hashes').items()}
-    def current(n):
-        e = entries.get(n)
-        if not isinstance(e, dict) or e.get('recipe') != recipes[n] or not all((folder/p).exists() for p in files(n)): return False
-        return e.setdefault('files', digest(n)) == digest(n)   # an older entry without hashes is adopted as it is
-    kept = {n: entries[n] for n in recipes if current(n)}
-    man = {**(header or {}), section: {**kept, **({n: e for n, e in entries.items() if n not in recipes} if keep_others else {})}}
-    if man != old: atomic_write_text(f, json.dumps(man, indent=1))   # unchanged: not rewritten
-    for n, e in kept.items(): save_pin(folder, n, recipes[n], e['files'], {k: v for k, v in e.items() if k not in _NOT_INFO})
-    for n in tqdm([n for n in recipes if n not in kept], desc=desc, disable=not progress):
-        folder.mkdir(parents=True, exist_ok=True); t0 = time.time()
-        pinned = restore_pin(folder, n, recipes[n])   # the checkout's copy, when it has one of this recipe
-        info = dict(build(n) or {}) if pinned is None else pinned
-        man[section][n] = {**info, 'recipe': recipes[n], 'seconds': round(time.time() - t0, 1), 'files': digest(n),
-                           **({'pinned': True} if pinned is not None else {})}
-        if pinned is None: save_pin(folder, n, recipes[n], man[section][n]['files'], info)
-        man[section] = {**{k: man[section][k] for k in recipes if k in man[section]}, **man[section]}   # recipes' order first
-        atomic_write_text(f, json.dumps(man, indent=1))
-    return man
+    from filelock import FileLock
+    folder = Path(folder); folder.parent.mkdir(parents=True, exist_ok=True)
+    # experiments side by side that share a zoo: one builds (or restores) it, the others wait and find it built
+    with FileLock(str(folder.parent/f'.{folder.name}.build.lock')):
+        f = folder/'manifest.json'
+        try: old = json.loads(f.read_text()) if f.exists() else {}
+        except ValueError: old = {}   # torn: rebuild what it listed
+        entries = old.get(section, {}) if isinstance(old.get(section), dict) else {}
+        digest = lambda n: {f'{p}/{rel}' if (folder/p).is_dir() else p: h for p in files(n) for rel, h in file_hashes(folder/p, folder/'.hashes').items()}
+        def current(n):
+            e = entries.get(n)
+            if not isinstance(e, dict) or e.get('recipe') != recipes[n] or not all((folder/p).exists() for p in files(n)): return False
+            return e.setdefault('files', digest(n)) == digest(n)   # an older entry without hashes is adopted as it is
+        kept = {n: entries[n] for n in recipes if current(n)}
+        man = {**(header or {}), section: {**kept, **({n: e for n, e in entries.items() if n not in recipes} if keep_others else {})}}
+        if man != old: atomic_write_text(f, json.dumps(man, indent=1))   # unchanged: not rewritten
+        for n, e in kept.items(): save_pin(folder, n, recipes[n], e['files'], {k: v for k, v in e.items() if k not in _NOT_INFO})
+        for n in tqdm([n for n in recipes if n not in kept], desc=desc, disable=not progress):
+            folder.mkdir(parents=True, exist_ok=True); t0 = time.time()
+            pinned = restore_pin(folder, n, recipes[n])   # the checkout's copy, when it has one of this recipe
+            info = dict(build(n) or {}) if pinned is None else pinned
+            man[section][n] = {**info, 'recipe': recipes[n], 'seconds': round(time.time() - t0, 1), 'files': digest(n),
+                               **({'pinned': True} if pinned is not None else {})}
+            if pinned is None: save_pin(folder, n, recipes[n], man[section][n]['files'], info)
+            man[section] = {**{k: man[section][k] for k in recipes if k in man[section]}, **man[section]}   # recipes' order first
+            atomic_write_text(f, json.dumps(man, indent=1))
+        return man
 
 # %% ../nbs/00_core.ipynb #b0a7e502
 PROGRESS_MODES = ('bars', 'lines', 'off')

@@ -20,8 +20,11 @@ __all__ = ['main']
 # %% ../../nbs/reproduce/99_cli.ipynb #f435fe86
 def _add_backend_options(p:argparse.ArgumentParser)->None:
     p.add_argument('--backend', choices=BACKENDS, default='local',
-                   help='where experiments run: local (one after the other, here; default) or ray (Ray tasks asking for '
+                   help='where experiments run: local (here, side by side as cores allow; default) or ray (Ray tasks asking for '
                         "the profile's cpus_per_experiment/gpus_per_experiment; pip install 'fusion_nb[ray]')")
+    p.add_argument('-j', '--jobs', type=int, default=None, metavar='N',
+                   help="local backend: experiments at a time (default: the cores over the profile's cpus_per_experiment, "
+                        "one torch thread each; on a GPU one); --jobs 1 runs one after the other")
     p.add_argument('--address', default=None, help='the Ray cluster to join (--backend ray; default: a local instance, or $RAY_ADDRESS); '
                         'an address that does not answer fails within 10 s, one that is no Ray cluster within 60 s')
 
@@ -44,7 +47,7 @@ def _sweep_main(a)->int:
         if not values: raise FusionError(f"-p {name}: give the parameter's values after its name (-p {name} V1 V2 ...)")
         if name in grid: raise FusionError(f"-p {name} is given twice; list all its values after one -p")
         grid[name] = values
-    status = sweep(a.notebook, grid, a.profile, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address)
+    status = sweep(a.notebook, grid, a.profile, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address, jobs=a.jobs)
     failed = [p for p, s in status.items() if s == 'failed']
     if failed:
         print(f"fusion-nb: {len(failed)} sweep point(s) failed: {', '.join(failed)} (their <point>.failed.ipynb beside the "
@@ -100,7 +103,7 @@ def main(argv:Sequence[str]|None=None)->int:
             from fusion_nb.reproduce.merge_config import run_merge   # the merge methods load only for this command
             run_merge(a.config, a.output, repo_id=a.push_to_hub, device=a.device, progress=not a.no_progress); return 0
         if a.cmd == 'sweep': return _sweep_main(a)
-        status = reproduce(a.profile, a.only, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address)
+        status = reproduce(a.profile, a.only, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address, jobs=a.jobs)
     except FusionError as e:
         print(f"fusion-nb: error: {e}", file=sys.stderr); return 2
     except KeyboardInterrupt:

@@ -10,8 +10,8 @@ import ast, contextlib, datetime, itertools, json, os, re, sys, time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..core import (FusionError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes, heartbeat, progress_mode,
-                            remove_stale_temps)
+from ..core import (PROGRESS_MODES, FusionError, HyperparameterError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes,
+                            heartbeat, progress_mode, remove_stale_temps)
 from .profiles import (SWEEPS, Profile, experiments_dir, list_experiments, load_profile, prepare, profile_experiments,
                                           resolved_revisions, select_experiments)
 from .fingerprints import (data_fingerprint, experiment_inputs, experiment_parameters, hash_cache, notebook_parameters,
@@ -20,10 +20,11 @@ from .reports import write_report
 import fusion_nb
 
 # %% auto #0
-__all__ = ['BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiment_title', 'why_rerun', 'foreign_files', 'check_owned',
-           'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure', 'run_experiment',
-           'ray_module', 'run_local', 'check_ray_address', 'run_on_ray', 'run_jobs', 'check_backend',
-           'writable_profile_dir', 'prepare_logged', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep']
+__all__ = ['BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiment_title', 'Runs', 'why_rerun', 'foreign_files',
+           'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
+           'run_experiment', 'ray_module', 'local_slots', 'run_local', 'check_ray_address', 'run_on_ray', 'run_jobs',
+           'check_backend', 'writable_profile_dir', 'prepare_logged', 'reproduce', 'sweep_points', 'point_name',
+           'merge_sweep', 'sweep']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #ccf9d496
 def experiment_title(nb_path:str|Path)->str:
@@ -52,25 +53,30 @@ def _kernel_pythonpath()->str:
     return os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
 
 # %% ../../nbs/reproduce/92_runner.ipynb #ee92ba8c
-def _kernel_manager(stderr, started:list|None=None):
-    "A kernel manager class whose kernels write their stderr to the file `stderr` (a Ctrl-C's shutdown tracebacks stay out of the terminal), listed in `started`."
+def _kernel_manager(stderr, started:list|None=None, env:dict|None=None):
+    "A kernel manager class whose kernels write their stderr to the file `stderr` (a Ctrl-C's shutdown tracebacks stay out of the terminal), listed in `started`, with environment `env`."
     from jupyter_client.manager import AsyncKernelManager
     class KernelManager(AsyncKernelManager):
-        async def start_kernel(self, **kw):
-            out = await super().start_kernel(**{'stderr': stderr, **kw})
+        async def start_kernel(self, **kw):   # env: this run's own (os.environ is shared by the runs going on at once)
+            out = await super().start_kernel(**{'stderr': stderr, **({'env': env} if env is not None else {}), **kw})
             if started is not None: started.append(self)
             return out
     return KernelManager
 
+# %% ../../nbs/reproduce/92_runner.ipynb #ba87ab82
+class Runs:
+    "The experiments going on in this process: each run's kernels (a list per run, removed when it ends) and the Ctrl-Cs seen."
+    def __init__(self): self.kernels, self.interrupted = [], []
+
 # %% ../../nbs/reproduce/92_runner.ipynb #531d2378
 @contextlib.contextmanager
-def _ctrl_c_kills(kernels:list, interrupted:list):
-    "While the block runs, SIGINT kills the kernels (their own session: a terminal's Ctrl-C never reaches them) and raises KeyboardInterrupt."
+def _ctrl_c_kills(runs:Runs):
+    "While the block runs, SIGINT kills the kernels of `runs` (their own session: a terminal's Ctrl-C never reaches them) and raises KeyboardInterrupt."
     import signal, threading
     if threading.current_thread() is not threading.main_thread(): yield; return
     def on_sigint(signum, frame):
-        interrupted.append(signum)
-        for km in kernels:   # a KeyboardInterrupt lost inside the client's event loop must not let the cell run on
+        runs.interrupted.append(signum)
+        for km in [km for run in list(runs.kernels) for km in run]:   # a KeyboardInterrupt lost inside the client's event loop must not let the cell run on
             with contextlib.suppress(Exception): os.kill(km.provisioner.pid, signal.SIGKILL)
         raise KeyboardInterrupt
     previous = signal.signal(signal.SIGINT, on_sigint)
@@ -135,9 +141,10 @@ def check_owned(out:Path, label:str)->None:
                       "Move them out of it (the runner owns outputs/<profile>/<experiment>/: it keeps nothing else there)")
 
 # %% ../../nbs/reproduce/92_runner.ipynb #25ac7af9
-def kernel_threads()->int:
+def kernel_threads(env:Mapping|None=None, # the kernel's environment (default: this process's)
+                  )->int:
     "Torch threads an experiment's kernel computes with: `OMP_NUM_THREADS` if set, else torch's default here (same machine)."
-    n = os.environ.get('OMP_NUM_THREADS', '').strip()
+    n = (os.environ if env is None else env).get('OMP_NUM_THREADS', '').strip()
     if n.isdigit() and int(n) > 0: return int(n)
     import torch   # only here: the CLI starts without it
     return torch.get_num_threads()
@@ -193,6 +200,8 @@ def run_experiment(name:str, # experiment (notebook stem)
                    log=print, # where progress lines go
                    overrides:Mapping|None=None, # parameters replacing the profile's values (a sweep's point)
                    folder:str|Path|None=None, # output folder (default: `<output_root>/<profile>/<name>`)
+                   threads:int|None=None, # the kernel's torch threads (`OMP_NUM_THREADS`; default: this environment's)
+                   runs:Runs|None=None, # the runs going on beside this one (`run_local`): a Ctrl-C kills them all
                   )->str:
     "Run experiment `name` for `profile` into its output folder; return 'skipped', 'ok' or 'failed'."
     import papermill, tempfile
@@ -204,20 +213,23 @@ def run_experiment(name:str, # experiment (notebook stem)
         return 'skipped'
     check_owned(out, label)   # before hours of work, not after
     log(f"[{label}] running for profile {profile.name!r} ({why}) ...")
-    t0, mode = time.time(), progress_mode(progress)   # a bar over the cells in a terminal; in a log, a line a minute
+    t0 = time.time()   # a bar over the cells in a terminal; in a log, a line a minute
+    mode = progress if progress in PROGRESS_MODES else progress_mode(progress)
+    # the kernel imports the fusion_nb whose sources `package_hash` fingerprinted, not another install;
+    # OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep, not spin, on a busy machine (same results)
+    env = {**os.environ, 'FUSION_NB_ROOT': str(profile.root), 'PYTHONPATH': _kernel_pythonpath(),
+           'OMP_WAIT_POLICY': os.environ.get('OMP_WAIT_POLICY', 'PASSIVE'), **({'OMP_NUM_THREADS': str(threads)} if threads else {})}
+    kernels, runs = [], runs if runs is not None else Runs()
+    runs.kernels.append(kernels)
     try:
-        # the kernel imports the fusion_nb whose sources `package_hash` fingerprinted, not another install;
-        # OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep, not spin, on a busy machine (same results)
-        with atomic_dir(out) as tmp, tempfile.TemporaryFile() as kernel_err, \
-             _env(FUSION_NB_ROOT=profile.root, PYTHONPATH=_kernel_pythonpath(), OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')):
-            kernels, interrupted = [], []
+        with atomic_dir(out) as tmp, tempfile.TemporaryFile() as kernel_err:
             try:
-                with heartbeat(label, log) if mode == 'lines' else contextlib.nullcontext(), _ctrl_c_kills(kernels, interrupted):
+                with heartbeat(label, log) if mode == 'lines' else contextlib.nullcontext(), _ctrl_c_kills(runs):
                     papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**inputs['parameters'], 'output_dir': str(tmp)},
                                                kernel_name='python3', cwd=str(nb.parent), progress_bar=mode == 'bars',
-                                               kernel_manager_class=_kernel_manager(kernel_err, kernels))
+                                               kernel_manager_class=_kernel_manager(kernel_err, kernels, env))
             except Exception as e:   # a Ctrl-C (KeyboardInterrupt) leaves no notebook behind: the run did not fail
-                if interrupted or getattr(e, 'ename', None) == 'KeyboardInterrupt': raise KeyboardInterrupt from None   # ours, or the kernel's
+                if runs.interrupted or getattr(e, 'ename', None) == 'KeyboardInterrupt': raise KeyboardInterrupt from None   # ours, or the kernel's
                 if (tmp/'run.ipynb').exists(): atomic_write_text(failed_nb, (tmp/'run.ipynb').read_text())
                 kernel_err.seek(0)
                 said = [l for l in kernel_err.read().decode(errors='replace').splitlines() if l.strip() and 'running over TCP' not in l]
@@ -229,7 +241,7 @@ def run_experiment(name:str, # experiment (notebook stem)
             revisions = resolved_revisions(profile) if any(profile.hub_sources().values()) else {}
             inputs = with_hash({**inputs, 'data': data_fingerprint(profile, name)})   # as the run leaves it: a zoo it built is its input
             atomic_write_text(tmp/'inputs.json', json.dumps({**inputs, 'finished': finished, 'seconds': round(time.time() - t0, 1),
-                                                            'hub_revisions': revisions, 'torch_threads': kernel_threads(), 'outputs': _output_hashes(tmp)},
+                                                            'hub_revisions': revisions, 'torch_threads': kernel_threads(env), 'outputs': _output_hashes(tmp)},
                                                            indent=1, default=str))
     except Exception as e:
         _record_failure(marker, e, inputs)
@@ -237,6 +249,7 @@ def run_experiment(name:str, # experiment (notebook stem)
         log(f"[{label}] FAILED after {time.time() - t0:.0f} s: {_last_line(e)}\n[{label}] {where}"
             + (f"; previous outputs kept in {out}" if out.exists() else ''))
         return 'failed'
+    finally: runs.kernels.remove(kernels)
     marker.unlink(missing_ok=True); failed_nb.unlink(missing_ok=True)
     log(f"[{label}] done in {time.time() - t0:.0f} s → {out}")
     return 'ok'
@@ -252,13 +265,40 @@ def ray_module():
                           "(or pip install ray); the default backend, local, needs nothing") from None
     return ray
 
+# %% ../../nbs/reproduce/92_runner.ipynb #80a80bd9
+def local_slots(profile:Profile, # the profile about to run
+                jobs:int|None=None, # asked for (`--jobs`); default: from the cores and the profile
+               )->int:
+    "Experiments the local backend runs at the same time: `jobs`, else cores available ÷ `cpus_per_experiment` on a CPU profile, else 1."
+    if jobs is not None:
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1: raise HyperparameterError(f"jobs = {jobs!r}: expected a whole number ≥ 1")
+        return jobs
+    if str(profile.device or 'cpu').lower() != 'cpu': return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+    return max(1, int(cores // max(1, profile.cpus_per_experiment)))
+
 # %% ../../nbs/reproduce/92_runner.ipynb #37036a49
 def run_local(jobs:Mapping[str, dict], # label → keyword arguments of `run_experiment` (name, overrides, folder)
               profile:Profile, output_root:str|Path|None=None, force:bool=False, progress:bool=True, log=print,
+              at_once:int=1, # experiments running at the same time (`local_slots`), each kernel then with `threads` torch threads
+              threads:int|None=None, # each kernel's torch threads (default: the environment's)
              )->dict[str, str]:
-    "Run the jobs one after the other in this process; label → status."
-    return {label: run_experiment(profile=profile, output_root=output_root, force=force, progress=progress, log=log, **job)
-            for label, job in jobs.items()}
+    "Run the jobs in this process, `at_once` at a time, taken in order as slots free up; label → status."
+    if at_once == 1 or len(jobs) < 2:
+        return {label: run_experiment(profile=profile, output_root=output_root, force=force, progress=progress, log=log, threads=threads, **job)
+                for label, job in jobs.items()}
+    from concurrent.futures import ThreadPoolExecutor, wait
+    mode = progress_mode(progress)   # bars of experiments running at once would overwrite each other: lines, each named
+    runs, kw = Runs(), dict(profile=profile, output_root=output_root, force=force, progress='lines' if mode == 'bars' else mode,
+                            log=log, threads=threads)
+    with ThreadPoolExecutor(at_once, thread_name_prefix='fusion-nb') as pool, _ctrl_c_kills(runs):
+        futures = {label: pool.submit(run_experiment, runs=runs, **kw, **job) for label, job in jobs.items()}
+        try:
+            while not all(f.done() for f in futures.values()): wait(futures.values(), timeout=0.5)   # wakes for a Ctrl-C
+        except KeyboardInterrupt:
+            for f in futures.values(): f.cancel()   # not started: never starts; running: its kernel was killed
+            raise
+    return {label: f.result() for label, f in futures.items()}
 
 # %% ../../nbs/reproduce/92_runner.ipynb #9a1141f6
 _PASSED_ENV = ('FUSION_NB_ROOT', 'HF_HOME', 'HF_HUB_CACHE', 'HF_DATASETS_CACHE', 'HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE',
@@ -353,17 +393,26 @@ def run_on_ray(jobs:Mapping[str, dict], # label → keyword arguments of `run_ex
 
 # %% ../../nbs/reproduce/92_runner.ipynb #bda645db
 def run_jobs(jobs:Mapping[str, dict], profile:Profile, output_root:str|Path|None=None, force:bool=False,
-             progress:bool=True, log=print, backend:str='local', address:str|None=None)->dict[str, str]:
+             progress:bool=True, log=print, backend:str='local', address:str|None=None,
+             at_once:int|None=None, # the local backend's experiments at a time (default: `local_slots`)
+            )->dict[str, str]:
     "Run the jobs on `backend` ('local' or 'ray'); label → status."
-    if backend == 'ray': return run_on_ray(jobs, profile, output_root, force, address, log)
+    if backend == 'ray':
+        if at_once is not None: raise FusionError("--jobs is for the local backend; on Ray, the profile's cpus_per_experiment and gpus_per_experiment decide")
+        return run_on_ray(jobs, profile, output_root, force, address, log)
     if address: raise FusionError(f"--address is for the ray backend; the {backend!r} backend runs here")
-    return run_local(jobs, profile, output_root, force, progress, log)
+    n = local_slots(profile, at_once)
+    threads = None if n == 1 or os.environ.get('OMP_NUM_THREADS') else max(1, int(profile.cpus_per_experiment))
+    if n > 1 and len(jobs) > 1:
+        log(f"running up to {n} experiments at once, {f'{threads} torch thread(s)' if threads else 'OMP_NUM_THREADS=' + os.environ['OMP_NUM_THREADS']} each (--jobs)")
+    return run_local(jobs, profile, output_root, force, progress, log, n, threads)
 
 # %% ../../nbs/reproduce/92_runner.ipynb #21eeac24
-def check_backend(backend:str)->None:
-    "Fail before anything runs on an unknown backend, or on `ray` without Ray installed."
+def check_backend(backend:str, jobs:int|None=None)->None:
+    "Fail before anything runs on an unknown backend, on `ray` without Ray installed, or on a bad `jobs`."
     if backend not in BACKENDS: raise UnknownNameError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
     if backend == 'ray': ray_module()
+    if jobs is not None: local_slots(None, jobs)
 
 # %% ../../nbs/reproduce/92_runner.ipynb #f892cbf6
 def writable_profile_dir(output_root:str|Path, # where profile folders go
@@ -417,9 +466,10 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
               log=print, # where progress lines go
               backend:str='local', # where experiments run: 'local' or 'ray' (see `run_jobs`)
               address:str|None=None, # the Ray cluster (backend 'ray'; default: a local instance or $RAY_ADDRESS)
+              jobs:int|None=None, # local backend: experiments at a time (default: `local_slots`, the cores over `cpus_per_experiment`)
              )->dict[str, str]:
     "Run the experiments of a profile; write REPORT.md; return each experiment's status ('ok', 'skipped', 'failed')."
-    check_backend(backend)
+    check_backend(backend, jobs)
     prof = load_profile(profile, settings=settings)
     names = profile_experiments(prof, only)
     if not names: raise FusionError(f"no experiment notebooks in {experiments_dir(prof.root)}")
@@ -428,7 +478,7 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
     writable_profile_dir(output_root or prof.root/'outputs', prof.name, create=False)   # checked, not yet made:
     prepare_logged(prof, progress, log)   # a failed check leaves no outputs/<profile>/ behind
     pdir = writable_profile_dir(output_root or prof.root/'outputs', prof.name)
-    status = run_jobs({n: {'name': n} for n in names}, prof, output_root, force, progress, log, backend, address)
+    status = run_jobs({n: {'name': n} for n in names}, prof, output_root, force, progress, log, backend, address, jobs)
     failing = recorded_failures(pdir)
     report = write_report(pdir, prof, failed=list(failing))
     counts = {s: sum(v == s for v in status.values()) for s in ('ok', 'skipped', 'failed')}
@@ -512,9 +562,10 @@ def sweep(notebook:str, # the experiment: name, unique prefix or notebook path
           progress:bool=True, log=print,
           backend:str='local', # 'local' or 'ray'
           address:str|None=None, # the Ray cluster (backend 'ray')
+          jobs:int|None=None, # local backend: points at a time (default: `local_slots`)
          )->dict[str, str]:
     "Run one experiment per point of `grid`; merge the results; point folder → status ('ok', 'skipped', 'failed')."
-    check_backend(backend)
+    check_backend(backend, jobs)
     prof = load_profile(profile, settings=settings)
     name, = select_experiments(list_experiments(prof.root), [Path(notebook).name])
     nb = experiments_dir(prof.root)/f'{name}.ipynb'
@@ -526,8 +577,8 @@ def sweep(notebook:str, # the experiment: name, unique prefix or notebook path
     sdir.mkdir(exist_ok=True); remove_stale_temps(sdir)
     for folder in points: check_owned(sdir/folder, folder)
     prepare_logged(prof, progress, log)
-    jobs = {folder: {'name': name, 'overrides': p, 'folder': sdir/folder} for folder, p in points.items()}
-    status = run_jobs(jobs, prof, output_root, force, progress, log, backend, address)
+    n_jobs, jobs = jobs, {folder: {'name': name, 'overrides': p, 'folder': sdir/folder} for folder, p in points.items()}
+    status = run_jobs(jobs, prof, output_root, force, progress, log, backend, address, n_jobs)
     merged = merge_sweep(sdir, {f: p for f, p in points.items() if status[f] != 'failed'}, log)
     counts = {s: sum(v == s for v in status.values()) for s in ('ok', 'skipped', 'failed')}
     log(f"sweep of {name}: {len(points)} point(s), {counts['ok']} ran, {counts['skipped']} up to date, {counts['failed']} failed; "
