@@ -2,7 +2,7 @@
 
     python bench/reproduce_time.py --profile micro               # a fresh copy of this checkout (no data: builds it)
     python bench/reproduce_time.py --profile tiny --root .       # this project as it is (built data is reused)
-    python bench/reproduce_time.py --profile micro --root R --pair 01 04   # side by side, 1 thread each, vs one by one, 2 threads
+    python bench/reproduce_time.py --profile micro --root R --pair 01 04   # --jobs 2 (1 thread each) vs --jobs 1 (2 threads)
 
 It reads the run's own records: the build's `manifest.json` timings, the `seconds` every cached build (zoo) records per
 item, each experiment's `inputs.json` (`seconds`, `finished`), and the time each log line arrived. Issue 30, item 3.
@@ -81,19 +81,16 @@ def pair(root:Path, profile:str, a:str, b:str, threads:int)->None:
                     f"prepare(load_profile({profile!r}), progress=False)"], env=env, cwd=root, check=True)
     scratch = Path(tempfile.mkdtemp(prefix='pair-', dir=root))
     t0 = time.time()
-    rc, _, seq = run_logged(cli(root, 'reproduce', '--profile', profile, '--only', a, b, '--force', output_root=scratch/'seq'),
+    rc, _, seq = run_logged(cli(root, 'reproduce', '--profile', profile, '--only', a, b, '--force', '--jobs', '1', output_root=scratch/'seq'),
                             env_for(root, threads), root)
     if rc: sys.exit(f"one-by-one run failed (exit {rc})")
-    t0 = time.time()
-    procs = [subprocess.Popen(cli(root, 'reproduce', '--profile', profile, '--only', x, '--force', output_root=scratch/f'par-{x}'),
-                              env=env_for(root, 1), cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) for x in (a, b)]
-    ends = []
-    for p in procs: p.wait(); ends.append(time.time() - t0)
-    if any(p.returncode for p in procs): sys.exit("a side-by-side run failed")
-    par = max(ends)
+    rc, stamped, par = run_logged(cli(root, 'reproduce', '--profile', profile, '--only', a, b, '--force', '--jobs', '2',
+                                      output_root=scratch/'par'), env_for(root), root)   # the runner's own side by side
+    if rc: sys.exit(f"side-by-side run failed (exit {rc})")
+    ends = [t for t, l in stamped if re.match(r'\[[^\]]+\] done in', l)]
     print(f"\n## Side by side ({profile}: {a}, {b}; load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs)\n")
     print(f"| how | wall s |\n|---|---:|\n| one by one, {threads} threads each | {seq:.1f} |\n"
-          f"| side by side, 1 thread each | {par:.1f} (ends at {ends[0]:.1f} and {ends[1]:.1f}) |")
+          f"| side by side (--jobs 2), 1 thread each | {par:.1f} (ends at {', '.join(f'{e:.1f}' for e in ends)}) |")
     print(f"\nratio one-by-one / side-by-side: {seq / par:.2f} (> 1: side by side is faster)")
 
 def main(argv=None)->int:
@@ -104,6 +101,7 @@ def main(argv=None)->int:
     ap.add_argument('--keep', action='store_true', help='keep the fresh copy (its path is printed)')
     ap.add_argument('--pair', nargs=2, metavar=('A', 'B'), help='measure A and B side by side vs one by one instead')
     ap.add_argument('--threads', type=int, default=2, help='torch threads of the one-by-one run of --pair (default 2)')
+    ap.add_argument('--jobs', type=int, default=None, help="experiments at a time (the runner's --jobs; default: its own, the cores)")
     a = ap.parse_args(argv)
     root = a.root.resolve() if a.root else fresh_copy(Path(tempfile.mkdtemp(prefix='reproduce-time-')))
     print(f"project root: {root} (started {datetime.datetime.now().isoformat(timespec='seconds')})", flush=True)
@@ -111,7 +109,7 @@ def main(argv=None)->int:
         if a.pair: pair(root, a.profile, *a.pair, a.threads); return 0
         out = Path(tempfile.mkdtemp(prefix='outputs-', dir=root)) if a.root else root/'outputs'
         rc, stamped, wall = run_logged(cli(root, 'reproduce', '--profile', a.profile, *(['--only', *a.only] if a.only else []),
-                                           output_root=out), env_for(root), root)
+                                           *(['--jobs', str(a.jobs)] if a.jobs else []), output_root=out), env_for(root), root)
         report(root, a.profile, out, stamped, wall)
         return rc
     finally:
