@@ -9,10 +9,11 @@ two such builds. This script stands other seeds in for the other machines: in a 
 benchmark's zoo once per seed (`FUSION_NB_BUILD_SEED`; seed 0 is copied from the pins) and runs the experiments on each,
 then writes every table row's average (the `Avg.` column of each `table*.csv`) per seed, with the spread (largest minus
 smallest), to `data/paper_values/build_spread_<profile>.csv`, which the findings of the experiment notebooks read.
-Only the benchmark's zoo (the CLIP and its experts) is reseeded; the zoos experiments build on first use are not.
+The seed reseeds the benchmark's zoo (the CLIP and its experts) and paper 004's LLaVA zoo (experiment 40); the other zoos
+experiments build on first use (robust, NeuLig halves, second backbone) are not. Rows of experiments not run are kept.
 """
 from __future__ import annotations
-import argparse, json, os, sys, time
+import argparse, json, os, re, sys, time
 from pathlib import Path
 
 import pandas as pd
@@ -21,13 +22,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reproduce_time import REPO, cli, env_for, fresh_copy, run_logged
 
 def averages(output:Path)->pd.DataFrame:
-    "experiment, table, row, Avg. of every `table*.csv` with an `Avg.` column under one run's output folder."
+    """experiment, table, row, value of every average in the `table*.csv` under one run's output folder: the `Avg.` column
+    (row: the table's row), or each `avg_…` column (paper 004's held-in and held-out averages; row: `<row> · <column>`,
+    where a row named by several leading text columns, as Table 3's guidance and order, joins them with ', ')."""
     out = []
     for f in sorted(output.glob('*/table*.csv')):
         t = pd.read_csv(f, index_col=0)
-        if 'Avg.' not in t.columns: continue
-        avg = pd.to_numeric(t['Avg.'], errors='coerce')   # a second header row ('Mer.', 'Ens.') is not a value
-        out += [dict(experiment=f.parent.name, table=f.stem, row=str(r), value=float(v)) for r, v in avg.items() if pd.notna(v)]
+        if 'Avg.' in t.columns:
+            avg = pd.to_numeric(t['Avg.'], errors='coerce')   # a second header row ('Mer.', 'Ens.') is not a value
+            out += [dict(experiment=f.parent.name, table=f.stem, row=str(r), value=float(v)) for r, v in avg.items() if pd.notna(v)]
+            continue
+        t = pd.read_csv(f)
+        cols = [c for c in t.columns if str(c).startswith('avg_')]
+        if not cols: continue
+        ids = list(t.columns[:next(i for i, c in enumerate(t.columns) if t[c].dtype != object or c in cols)]) or [t.columns[0]]
+        for _, r in t.iterrows():
+            name = ', '.join(str(r[c]) for c in ids)
+            for c in cols:   # '30.0 ± 0.0' (a mean with its error) is not a value: the table's `_mean` twin holds it
+                v = pd.to_numeric(pd.Series([r[c]]), errors='coerce').iloc[0]
+                if pd.notna(v): out.append(dict(experiment=f.parent.name, table=f.stem, row=f'{name} · {c}', value=float(v)))
     return pd.DataFrame(out)
 
 def spread_table(runs:dict[int, pd.DataFrame])->pd.DataFrame:
@@ -61,9 +74,25 @@ def main(argv=None)->int:
     manifest = json.loads((root/'data'/a.profile/'manifest.json').read_text())   # the last build: seed 0, the pinned one
     table = spread_table(runs)
     out = a.out or REPO/'data'/'paper_values'/f'build_spread_{a.profile}.csv'
-    header = (f"# build spread, profile {a.profile}: zoo recipe {manifest['recipes']['zoo']} (seed 0 = the pins), training seeds "
-              f"{[0, *a.seeds]}; python bench/build_spread.py --profile {a.profile} --only {' '.join(a.only)} "
-              f"--seeds {' '.join(map(str, a.seeds))}; {time.time() - t0:.0f} s\n")
+    this_run = (f"python bench/build_spread.py --profile {a.profile} --only {' '.join(a.only)} --seeds {' '.join(map(str, a.seeds))} "
+                f"({time.time() - t0:.0f} s)")
+    recipes, runs_before = {'zoo': manifest['recipes']['zoo']}, []
+    if out.exists():   # rows of other experiments are kept, with the runs that measured them, when measured on the same zoo
+        old_head = out.read_text().split('\n', 1)[0]
+        old_recipes = dict(re.findall(r'([a-z][a-z ]*?) recipe ([0-9a-f]+)', old_head))
+        if old_recipes.get('zoo') == recipes['zoo']:
+            old = pd.read_csv(out, comment='#')
+            experiments = set(table.experiment)
+            table = pd.concat([old[~old.experiment.isin(experiments)], table], ignore_index=True)
+            recipes |= {k: v for k, v in old_recipes.items() if k != 'zoo'}
+            runs_before = [r for r in old_head.split('runs: ', 1)[-1].split('; ')] if 'runs: ' in old_head else \
+                          [f"{old_head.split('; ')[1]} ({old_head.split('; ')[2]})"]   # the first file's layout
+            runs_before = [r for r in runs_before if f"--only {' '.join(a.only)} " not in r]
+    llava = sorted((root/'data'/a.profile/'llava').glob('zoo-*/recipe.json'))
+    seed0 = [p.parent.name.removeprefix('zoo-') for p in llava if 'seed' not in json.loads(p.read_text())['recipe']]
+    if seed0 and any(e.startswith('40') for e in a.only): recipes['llava zoo'] = seed0[0]
+    header = (f"# build spread, profile {a.profile}: " + ', '.join(f"{k} recipe {v}" for k, v in recipes.items())
+              + f" (seed 0 = the pins), training seeds {[0, *a.seeds]}; runs: " + '; '.join([*runs_before, this_run]) + "\n")
     out.write_text(header + table.to_csv(index=False))
     print(table.to_string(index=False)); print(f"\nwritten: {out}")
     return 0

@@ -17,7 +17,7 @@ import torch
 __all__ = ['PROGRESS_MODES', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError',
            'HyperparameterError', 'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype',
            'current_umask', 'honour_umask', 'remove_stale_temps', 'atomic_write', 'atomic_write_text', 'atomic_dir',
-           'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'read_pins', 'restore_pin', 'save_pin',
+           'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'build_seed', 'read_pins', 'restore_pin', 'save_pin',
            'pinned_differences', 'cached_builds', 'progress_mode', 'heartbeat', 'project_root', 'check_known_keys',
            'json_digest', 'code_digest']
 
@@ -276,6 +276,14 @@ def pinning()->bool:
     "Whether builds keep what they make as pins: `$FUSION_NB_PIN=1` (`make pins`, after a recipe changed)."
     return os.environ.get('FUSION_NB_PIN', '').strip() == '1'
 
+
+# %% ../nbs/00_core.ipynb #b8626bf2
+def build_seed(seed:int=0)->int:
+    "A zoo's training seed: `$FUSION_NB_BUILD_SEED` if set (another seed, another zoo: the spread between builds), else `seed`."
+    v = os.environ.get('FUSION_NB_BUILD_SEED', '').strip()
+    if not v: return seed
+    if not v.isdigit(): raise HyperparameterError(f"FUSION_NB_BUILD_SEED={v!r}: expected an integer ≥ 0")
+    return int(v)
 
 # %% ../nbs/00_core.ipynb #7ac43d96
 def read_pins(store:str|Path|None=None)->dict:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..core import HyperparameterError, atomic_dir, atomic_write_text, check_range, file_hashes, pinning, restore_pin, save_pin
+from ..core import HyperparameterError, atomic_dir, atomic_write_text, build_seed, check_range, file_hashes, pinning, restore_pin, save_pin
 from .model import llava_part, load_llava, make_llava_dir
 from .uncertainty import LETTERS, OptionItem, option_items, option_messages
 from .short_answers import (SHORT_QUESTION, ShortAnswerItem, short_answer_items, short_answer_messages,
@@ -254,6 +254,7 @@ def llava_zoo(cache:str|Path, # folder holding one zoo-<digest>/ per recipe (e.g
     "(zoo folder, manifest) of `recipe`, built on first use."
     from fusion_nb.tiny.zoo import deterministic
     recipe = dict(ZOO if recipe is None else recipe)
+    if (seed := build_seed(recipe.get('seed', 0))) != recipe.get('seed', 0): recipe['seed'] = seed   # another build: the build spread
     digest = zoo_digest(recipe); root = Path(cache)/f'zoo-{digest}'
     if not (root/'manifest.json').exists() and restore_pin(cache, root.name, digest) is None:   # the checkout's, if pinned
         t0 = time.perf_counter()

@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from ..core import FusionError, HyperparameterError, check_range
 from ..evaluation import ImageTransform, task_head
 
 # %% auto #0
-__all__ = ['TaskHeads', 'encoder_logits', 'entropy_loss', 'labelled_batches', 'unlabelled_stream', 'MergeData',
-           'profile_settings']
+__all__ = ['TaskHeads', 'encoder_logits', 'entropy_loss', 'PreprocessedImages', 'labelled_batches', 'unlabelled_stream',
+           'MergeData', 'profile_settings']
 
 # %% ../../nbs/methods/30_data.ipynb #3ca312fe
 class TaskHeads(nn.Module):
@@ -74,6 +74,22 @@ def _loader(ds, processor, batch_size:int, shuffle:bool, seed:int, num_workers:i
     return DataLoader(ds.with_transform(ImageTransform(processor), columns=['image', 'label']), batch_size=batch_size,
                       shuffle=shuffle, generator=g, num_workers=num_workers)
 
+# %% ../../nbs/methods/30_data.ipynb #70c64011
+class PreprocessedImages(Dataset):
+    "A dataset's images as `pixel_values`, each preprocessed on first use and kept while they fit in `max_bytes`."
+    def __init__(self, ds, # HF dataset with `image` and `label`
+                 processor, # the pretrained model's image processor
+                 max_bytes:int=2**30): # what the kept rows may take (paper scale: a large split is preprocessed each time)
+        self.ds, self.transform, self.max_bytes, self.kept, self.nbytes = ds, ImageTransform(processor), max_bytes, {}, 0
+    def __len__(self)->int: return len(self.ds)
+    def __getitems__(self, idx:list[int])->list[Tensor]:
+        todo = [i for i in dict.fromkeys(idx) if i not in self.kept]
+        made = dict(zip(todo, self.transform(self.ds[todo])['pixel_values'].unbind())) if todo else {}
+        for i, px in made.items():
+            if self.nbytes + px.nbytes <= self.max_bytes: self.kept[i] = px.clone(); self.nbytes += px.nbytes
+        return [self.kept[i] if i in self.kept else made[i] for i in idx]
+    def __getitem__(self, i:int)->Tensor: return self.__getitems__([i])[0]
+
 # %% ../../nbs/methods/30_data.ipynb #0de4c2d3
 def labelled_batches(task, # a fusion_nb.pools.Task
                      processor, # the pretrained model's image processor
@@ -99,10 +115,10 @@ def unlabelled_stream(task, # a fusion_nb.pools.Task
                      )->Iterator[Tensor]:
     "An endless, seeded, reshuffled-every-epoch stream of `pixel_values` batches of `task`, labels dropped."
     check_range('batch_size', batch_size, 1)
-    ds = task.load(split=split, max_samples=max_samples, seed=seed)
-    loader = _loader(ds, processor, batch_size, True, seed, num_workers)
-    for epoch in itertools.count():
-        for b in loader: yield b['pixel_values']   # labels are never handed to test-time methods
+    ds = task.load(split=split, max_samples=max_samples, seed=seed)   # labels are never handed to test-time methods
+    loader = DataLoader(PreprocessedImages(ds, processor), batch_size=batch_size, shuffle=True,
+                        generator=torch.Generator().manual_seed(int(seed)), num_workers=num_workers)
+    for epoch in itertools.count(): yield from loader
 
 # %% ../../nbs/methods/30_data.ipynb #3d4f5679
 class MergeData:

@@ -145,13 +145,13 @@ def paper_model(profile, # a Profile (or anything with `name` and `extra`)
     return (getattr(profile, 'extra', {}) or {}).get('paper_model', '').strip() or profile.name
 
 # %% ../../nbs/reproduce/91_reports.ipynb #2a1ee947
-def load_build_spread(profile:str='tiny', root:str|Path|None=None)->tuple[pd.DataFrame, str|None]:
-    "(`Avg.` per build: one row per experiment, table and row, a column per seed; the zoo recipe it was measured on); empty without one."
+def load_build_spread(profile:str='tiny', root:str|Path|None=None)->tuple[pd.DataFrame, dict[str, str]]:
+    "(averages per build: one row per experiment, table and row, a column per seed; zoo → the recipe it was measured on); empty without one."
+    import re
     f = Path(root or project_root())/'data'/'paper_values'/f'build_spread_{profile}.csv'
-    if not f.exists(): return pd.DataFrame(), None
-    header = f.read_text(encoding='utf-8').split('\n', 1)[0]
-    recipe = header.split('zoo recipe ', 1)[1].split()[0] if 'zoo recipe ' in header else None
-    return pd.read_csv(f, comment='#').set_index(['experiment', 'table', 'row']), recipe
+    if not f.exists(): return pd.DataFrame(), {}
+    header = f.read_text(encoding='utf-8').split('\n', 1)[0]   # '… zoo recipe <digest>, llava zoo recipe <digest> …'
+    return pd.read_csv(f, comment='#').set_index(['experiment', 'table', 'row']), dict(re.findall(r'([a-z][a-z ]*?) recipe ([0-9a-f]+)', header))
 
 def spread_rows(spread:pd.DataFrame, # `load_build_spread`'s table
                 experiment:str, table:str='table')->pd.DataFrame:

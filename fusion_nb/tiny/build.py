@@ -16,8 +16,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core import (FusionError, HyperparameterError, atomic_write_text, code_digest, file_hashes, get_device, json_digest,
-                            pinned_differences, project_root, restore_pin, save_pin)
+from ..core import (FusionError, HyperparameterError, atomic_write_text, build_seed, code_digest, file_hashes, get_device,
+                            json_digest, pinned_differences, project_root, restore_pin, save_pin)
 from ..catalog import templates_for
 from .tasks import EIGHT_TASKS, SCALES, TASKS, build_datasets, vocabulary
 from .zoo import EXPERT_TASKS, deterministic, finetune_expert, pretrain_clip, zoo_config
@@ -28,8 +28,8 @@ import fusion_nb
 # %% auto #0
 __all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BUILD_THREADS', 'MICRO_POOL_TASKS',
            'benchmark_dir', 'recipes', 'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir',
-           'read_manifest', 'changed_files', 'owners', 'zoo_provenance', 'build_seed', 'build_threads', 'run_in_child',
-           'micro_pool', 'zoo_accuracy']
+           'read_manifest', 'changed_files', 'owners', 'zoo_provenance', 'build_threads', 'run_in_child', 'micro_pool',
+           'zoo_accuracy']
 
 # %% ../../nbs/tiny/15_build.ipynb #3b65e732
 def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
@@ -229,13 +229,6 @@ def zoo_provenance(scale:str='tiny', root:str|Path|None=None)->str:
 # %% ../../nbs/tiny/15_build.ipynb #9e8a553d
 BUILD_THREADS = 2  # torch threads of the published tiny build: the weights depend on the count
 _CHILD = 'FUSION_NB_BUILD_CHILD'  # set in the build process that `build_benchmark` starts
-
-def build_seed(seed:int=0)->int:
-    "The zoo's training seed: `$FUSION_NB_BUILD_SEED` if set (another seed, another zoo: the spread between builds), else `seed`."
-    v = os.environ.get('FUSION_NB_BUILD_SEED', '').strip()
-    if not v: return seed
-    if not v.isdigit(): raise HyperparameterError(f"FUSION_NB_BUILD_SEED={v!r}: expected an integer ≥ 0")
-    return int(v)
 
 def build_threads()->int:
     "Torch threads for training: `$FUSION_NB_BUILD_THREADS` if set (another count: another zoo recipe), else `BUILD_THREADS`."
