@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/neulig/neulig.html.md"""
 
 # %% ../../nbs/neulig/71_neulig.ipynb #0d0a526f
 from __future__ import annotations
-import json, math
+import hashlib, json, math
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -27,10 +27,10 @@ from ..methods.data import MergeData, entropy_loss
 from .portland import NeuLigModel, coop_ensemble, expert_logits, merged_logits
 
 # %% auto #0
-__all__ = ['SETTINGS', 'LEVELS', 'neulig', 'visible_count', 'visible_split', 'visible_stream', 'neulig_loss', 'usage_balance',
-           'coopvec_map', 'map_diagonal', 'coopvec_frame', 'epoch_steps', 'visible_features', 'train_portland',
-           'save_portland', 'load_portland', 'transfer_portland', 'CoopClassifier', 'neulig_records',
-           'consistency_table', 'improvements', 'annotate_improvements']
+__all__ = ['SETTINGS', 'EXPERT_LOGITS', 'LEVELS', 'neulig', 'visible_count', 'visible_split', 'visible_stream', 'neulig_loss',
+           'usage_balance', 'coopvec_map', 'map_diagonal', 'coopvec_frame', 'epoch_steps', 'visible_features',
+           'train_portland', 'save_portland', 'load_portland', 'transfer_portland', 'tensor_digest', 'ExpertLogits',
+           'CoopClassifier', 'neulig_records', 'consistency_table', 'improvements', 'annotate_improvements']
 
 # %% ../../nbs/neulig/71_neulig.ipynb #740d12f6
 def visible_count(n:int, # size of the training split
@@ -228,11 +228,43 @@ def transfer_portland(source:NeuLigModel, # the NeuLig model whose Portland was 
     target.portland.eval()
     return target
 
+# %% ../../nbs/neulig/71_neulig.ipynb #e97e5455
+def tensor_digest(*tensors:Tensor)->str:
+    "SHA-1 of tensors' dtypes, shapes and bytes."
+    h = hashlib.sha1()
+    for t in tensors:
+        t = t.detach().to('cpu').contiguous()
+        h.update(f'{t.dtype} {tuple(t.shape)}'.encode()); h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+# %% ../../nbs/neulig/71_neulig.ipynb #de1f35f7
+class ExpertLogits:
+    "Memo of `expert_logits` for the ensemble level of scoring: frozen experts on the same images give the same logits."
+    def __init__(self, max_bytes:int=2**30): self.items, self.max_bytes, self.nbytes, self.misses = {}, max_bytes, 0, 0
+    def experts_key(self, model:NeuLigModel)->str:
+        "Digest of what the experts compute with: the stacked weights and the pre-trained encoder's (once per model)."
+        if getattr(model, '_experts_digest', None) is None:
+            model._experts_digest = tensor_digest(*model.stack.values(), *model.encoder.state_dict().values())
+        return model._experts_digest
+    def __call__(self, model:NeuLigModel, pixel_values:Tensor, heads, task:str)->Tensor:
+        dev = model.device
+        amp = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else None
+        key = (self.experts_key(model), id(heads), task, str(amp), tensor_digest(pixel_values))
+        if key not in self.items or self.items[key][0] is not heads:   # `heads` kept: its id is never another's
+            self.misses += 1
+            z = expert_logits(model, pixel_values, lambda pooled: heads(pooled, task))
+            while self.items and self.nbytes + z.nbytes > self.max_bytes: self.nbytes -= self.items.pop(next(iter(self.items)))[1].nbytes   # oldest first
+            if z.nbytes > self.max_bytes: return z
+            self.items[key] = (heads, z); self.nbytes += z.nbytes
+        return self.items[key][1].to(dev)
+
+EXPERT_LOGITS = ExpertLogits()
+
 # %% ../../nbs/neulig/71_neulig.ipynb #30a00b83
 LEVELS = ('merge', 'ensemble')
 
 class CoopClassifier(nn.Module):
-    "One task, one level (merge or ensemble) of a NeuLig model, as log-probabilities."
+    "One task, one level (merge or ensemble) of a NeuLig model, as log-probabilities (the experts' logits from `ExpertLogits`)."
     def __init__(self, model:NeuLigModel, heads, task:str, level:str, coopvec:Tensor|None=None):
         super().__init__()
         check_choice('level', level, LEVELS)
@@ -241,7 +273,7 @@ class CoopClassifier(nn.Module):
         head = lambda pooled: self.heads(pooled, self.task)
         if self.level == 'ensemble':
             c = self.model.coopvecs(pixel_values) if self.coopvec is None else self.coopvec
-            return coop_ensemble(expert_logits(self.model, pixel_values, head), c)
+            return coop_ensemble(EXPERT_LOGITS(self.model, pixel_values, self.heads, self.task), c)
         return F.log_softmax(merged_logits(self.model, pixel_values, head, self.coopvec).float(), -1)
 
 # %% ../../nbs/neulig/71_neulig.ipynb #b978d810
