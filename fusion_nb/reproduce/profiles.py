@@ -45,7 +45,7 @@ class Profile:
     build:str = '' # builder of the project's own data run by `prepare` ('tiny', 'micro' or '')
     hub:bool = False # needs the Hugging Face Hub
     autocast:str = 'none' # evaluation forward passes under autocast: 'none', 'bfloat16' or 'float16' (fusion_nb.evaluation)
-    cpus_per_experiment:float = 1.0 # CPUs one experiment asks of a Ray cluster (`--backend ray`)
+    cpus_per_experiment:float = 1.0 # CPUs one experiment uses: its torch threads side by side here, what it asks of a Ray cluster
     gpus_per_experiment:float = 0.0 # GPUs one experiment asks of a Ray cluster (`--backend ray`)
     experiments:list[str] = field(default_factory=list) # the experiments this profile runs (names or unique prefixes); empty: all
     extra:dict[str, str] = field(default_factory=dict) # keys the library does not know, kept as strings
