@@ -2,6 +2,7 @@
 
     python bench/build_spread.py --profile tiny --only 01 04 --seeds 1 2     # seed 0 is the pinned build (pins/)
     python bench/build_spread.py --profile micro --only 01 --seeds 1         # a smoke run
+    python bench/build_spread.py --profile tiny --only 40 --seeds 1 2 --papermill   # paper 004: its LLaVA zoo reseeded, not the benchmark's
 
 Two machines build different zoos from one commit (their CPU kernels round differently, and training carries that into
 the weights), so a finding on the tiny profile means something only if it holds by more than the difference between
@@ -13,7 +14,7 @@ The seed reseeds the benchmark's zoo (the CLIP and its experts) and paper 004's 
 experiments build on first use (robust, NeuLig halves, second backbone) are not. Rows of experiments not run are kept.
 """
 from __future__ import annotations
-import argparse, json, os, re, sys, time
+import argparse, json, os, re, subprocess, sys, time
 from pathlib import Path
 
 import pandas as pd
@@ -57,24 +58,39 @@ def main(argv=None)->int:
     ap.add_argument('--seeds', nargs='+', type=int, default=[1, 2], help='training seeds besides the pinned 0')
     ap.add_argument('--root', type=Path, default=None, help='a copy to work in (default: a fresh copy of this checkout, kept)')
     ap.add_argument('--out', type=Path, default=None, help='default: data/paper_values/build_spread_<profile>.csv here')
+    ap.add_argument('--papermill', action='store_true', help="run the notebooks with papermill, not `fusion-nb reproduce`: for experiments "
+                    "that build their own zoo (40), the benchmark's is then not retrained for each seed")
     a = ap.parse_args(argv)
     import tempfile
     root = a.root or fresh_copy(Path(tempfile.mkdtemp(prefix='build-spread-')))
     print(f"copy: {root}", flush=True)
     runs, t0 = {}, time.time()
     if 0 in a.seeds: ap.error('seed 0 is the pinned build, always included')
+    if a.papermill:   # the pinned benchmark, once
+        env = {k: v for k, v in env_for(root).items() if k != 'FUSION_NB_BUILD_SEED'}
+        subprocess.run([sys.executable, '-c', f"from fusion_nb.reproduce.profiles import load_profile, prepare; prepare(load_profile({a.profile!r}), "
+                        "progress=False)"], env=env, cwd=root, check=True)
+        notebooks = [n for n in sorted((root/'nbs'/'experiments').glob('*.ipynb')) if any(n.stem.startswith(o) for o in a.only)]
     for s in [*a.seeds, 0]:   # the pinned build last: the copy is left as the checkout builds it
         env = env_for(root); env.pop('FUSION_NB_BUILD_SEED', None)
         if s: env['FUSION_NB_BUILD_SEED'] = str(s)
         output = root/'spread'/f'seed{s}'
-        rc, _, wall = run_logged(cli(root, 'reproduce', '--profile', a.profile, '--only', *a.only, '--force', output_root=output), env, root)
-        if rc: print(f"seed {s}: fusion-nb reproduce failed ({rc})"); return rc
+        if a.papermill:
+            wall = 0.0
+            for nb in notebooks:
+                rc, _, w = run_logged([sys.executable, '-m', 'papermill', str(nb), str(output/f'{nb.stem}.ipynb'), '-k', 'python3', '--cwd', str(nb.parent),
+                                       '-p', 'profile', a.profile, '-p', 'output_dir', str(output/a.profile/nb.stem)], env, root)
+                wall += w
+                if rc: print(f"seed {s}: {nb.stem} failed ({rc})"); return rc
+        else:
+            rc, _, wall = run_logged(cli(root, 'reproduce', '--profile', a.profile, '--only', *a.only, '--force', output_root=output), env, root)
+            if rc: print(f"seed {s}: fusion-nb reproduce failed ({rc})"); return rc
         runs[s] = averages(output/a.profile)
         print(f"seed {s}: {wall:.0f} s", flush=True)
     manifest = json.loads((root/'data'/a.profile/'manifest.json').read_text())   # the last build: seed 0, the pinned one
     table = spread_table(runs)
     out = a.out or REPO/'data'/'paper_values'/f'build_spread_{a.profile}.csv'
-    this_run = (f"python bench/build_spread.py --profile {a.profile} --only {' '.join(a.only)} --seeds {' '.join(map(str, a.seeds))} "
+    this_run = (f"python bench/build_spread.py --profile {a.profile} --only {' '.join(a.only)} --seeds {' '.join(map(str, a.seeds))}{' --papermill' if a.papermill else ''} "
                 f"({time.time() - t0:.0f} s)")
     recipes, runs_before = {'zoo': manifest['recipes']['zoo']}, []
     if out.exists():   # rows of other experiments are kept, with the runs that measured them, when measured on the same zoo

@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/neulig/neulig.html.md"""
 
 # %% ../../nbs/neulig/71_neulig.ipynb #0d0a526f
 from __future__ import annotations
-import hashlib, json, math
+import functools, json, math
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -24,13 +24,13 @@ from ..core import FusionError, HyperparameterError, IncompatibleModelsError, No
 from ..evaluation import ImageTransform, evaluate_task, image_loader
 from ..methods.registry import Hyper, MergeMethod, check_choice, check_interval, declare
 from ..methods.data import MergeData, entropy_loss
-from .portland import NeuLigModel, coop_ensemble, expert_logits, merged_logits
+from .portland import FROZEN, NeuLigModel, coop_ensemble, expert_logits, merged_logits
 
 # %% auto #0
-__all__ = ['SETTINGS', 'EXPERT_LOGITS', 'LEVELS', 'neulig', 'visible_count', 'visible_split', 'visible_stream', 'neulig_loss',
-           'usage_balance', 'coopvec_map', 'map_diagonal', 'coopvec_frame', 'epoch_steps', 'visible_features',
-           'train_portland', 'save_portland', 'load_portland', 'transfer_portland', 'tensor_digest', 'ExpertLogits',
-           'CoopClassifier', 'neulig_records', 'consistency_table', 'improvements', 'annotate_improvements']
+__all__ = ['SETTINGS', 'LEVELS', 'neulig', 'visible_count', 'visible_split', 'visible_stream', 'neulig_loss', 'usage_balance',
+           'coopvec_map', 'map_diagonal', 'coopvec_frame', 'epoch_steps', 'visible_features', 'train_portland',
+           'save_portland', 'load_portland', 'transfer_portland', 'CoopClassifier', 'neulig_records',
+           'consistency_table', 'improvements', 'annotate_improvements']
 
 # %% ../../nbs/neulig/71_neulig.ipynb #740d12f6
 def visible_count(n:int, # size of the training split
@@ -165,7 +165,7 @@ def train_portland(model:NeuLigModel, data:MergeData, *,
         total, step_features = 0.0, []
         for t, s in streams.items():
             x, y = next(s) if labelled else (next(s), None)
-            loss = neulig_loss(model, lambda pooled, t=t: data.heads(pooled, t), x, y, setting)
+            loss = neulig_loss(model, functools.partial(data.heads, task=t), x, y, setting)
             loss.backward(); total += float(loss.detach())
             if not labelled and balance > 0: step_features.append(model.features(x))
         if step_features:   # once per step, over every task's batch: the experts should be used in equal parts
@@ -228,52 +228,20 @@ def transfer_portland(source:NeuLigModel, # the NeuLig model whose Portland was 
     target.portland.eval()
     return target
 
-# %% ../../nbs/neulig/71_neulig.ipynb #e97e5455
-def tensor_digest(*tensors:Tensor)->str:
-    "SHA-1 of tensors' dtypes, shapes and bytes."
-    h = hashlib.sha1()
-    for t in tensors:
-        t = t.detach().to('cpu').contiguous()
-        h.update(f'{t.dtype} {tuple(t.shape)}'.encode()); h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-# %% ../../nbs/neulig/71_neulig.ipynb #de1f35f7
-class ExpertLogits:
-    "Memo of `expert_logits` for the ensemble level of scoring: frozen experts on the same images give the same logits."
-    def __init__(self, max_bytes:int=2**30): self.items, self.max_bytes, self.nbytes, self.misses = {}, max_bytes, 0, 0
-    def experts_key(self, model:NeuLigModel)->str:
-        "Digest of what the experts compute with: the stacked weights and the pre-trained encoder's (once per model)."
-        if getattr(model, '_experts_digest', None) is None:
-            model._experts_digest = tensor_digest(*model.stack.values(), *model.encoder.state_dict().values())
-        return model._experts_digest
-    def __call__(self, model:NeuLigModel, pixel_values:Tensor, heads, task:str)->Tensor:
-        dev = model.device
-        amp = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else None
-        key = (self.experts_key(model), id(heads), task, str(amp), tensor_digest(pixel_values))
-        if key not in self.items or self.items[key][0] is not heads:   # `heads` kept: its id is never another's
-            self.misses += 1
-            z = expert_logits(model, pixel_values, lambda pooled: heads(pooled, task))
-            while self.items and self.nbytes + z.nbytes > self.max_bytes: self.nbytes -= self.items.pop(next(iter(self.items)))[1].nbytes   # oldest first
-            if z.nbytes > self.max_bytes: return z
-            self.items[key] = (heads, z); self.nbytes += z.nbytes
-        return self.items[key][1].to(dev)
-
-EXPERT_LOGITS = ExpertLogits()
-
 # %% ../../nbs/neulig/71_neulig.ipynb #30a00b83
 LEVELS = ('merge', 'ensemble')
 
 class CoopClassifier(nn.Module):
-    "One task, one level (merge or ensemble) of a NeuLig model, as log-probabilities (the experts' logits from `ExpertLogits`)."
+    "One task, one level (merge or ensemble) of a NeuLig model, as log-probabilities."
     def __init__(self, model:NeuLigModel, heads, task:str, level:str, coopvec:Tensor|None=None):
         super().__init__()
         check_choice('level', level, LEVELS)
         self.model, self.heads, self.task, self.level, self.coopvec = model, heads, task, level, coopvec
     def forward(self, pixel_values:Tensor)->Tensor:
-        head = lambda pooled: self.heads(pooled, self.task)
+        head = functools.partial(self.heads, task=self.task)   # a partial of the heads: the experts' logits are memoised (`FROZEN`)
         if self.level == 'ensemble':
             c = self.model.coopvecs(pixel_values) if self.coopvec is None else self.coopvec
-            return coop_ensemble(EXPERT_LOGITS(self.model, pixel_values, self.heads, self.task), c)
+            return coop_ensemble(expert_logits(self.model, pixel_values, head), c)
         return F.log_softmax(merged_logits(self.model, pixel_values, head, self.coopvec).float(), -1)
 
 # %% ../../nbs/neulig/71_neulig.ipynb #b978d810

@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/neulig/portland.html.md"""
 
 # %% ../../nbs/neulig/70_portland.ipynb #ee645ceb
 from __future__ import annotations
-import copy
+import copy, functools, hashlib
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -20,8 +20,9 @@ from ..core import HyperparameterError, IncompatibleModelsError
 from ..methods.registry import MergedStateDict, check_models, check_pool, read_tensor
 
 # %% auto #0
-__all__ = ['ENSEMBLE_COMBINES', 'Portland', 'check_coopvec', 'stack_experts', 'coop_params', 'merge_with_coopvec',
-           'coop_ensemble', 'NeuLigModel', 'merged_pooled', 'expert_logits', 'merged_logits', 'ensemble_logprobs']
+__all__ = ['ENSEMBLE_COMBINES', 'FROZEN', 'Portland', 'check_coopvec', 'stack_experts', 'coop_params', 'merge_with_coopvec',
+           'coop_ensemble', 'tensor_digest', 'FrozenMemo', 'NeuLigModel', 'merged_pooled', 'expert_logits',
+           'merged_logits', 'ensemble_logprobs']
 
 # %% ../../nbs/neulig/70_portland.ipynb #f65ec105
 class Portland(nn.Module):
@@ -107,6 +108,42 @@ def coop_ensemble(expert_logits:Tensor, # (K, batch, classes) each expert's logi
     logw = c.clamp_min(torch.finfo(torch.float32).tiny).log().T[:, :, None]   # (K, batch, 1); a zero weight drops its expert
     return torch.logsumexp(F.log_softmax(expert_logits.float(), -1) + logw, dim=0)
 
+# %% ../../nbs/neulig/70_portland.ipynb #3cf70a52
+def tensor_digest(*tensors:Tensor)->str:
+    "SHA-1 of tensors' dtypes, shapes and bytes."
+    h = hashlib.sha1()
+    for t in tensors:
+        t = t.detach().to('cpu').contiguous()
+        h.update(f'{t.dtype} {tuple(t.shape)}'.encode()); h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+# %% ../../nbs/neulig/70_portland.ipynb #b1c32100
+def _autocast_state(device:torch.device)->str:
+    return str(torch.get_autocast_dtype(device.type)) if torch.is_autocast_enabled(device.type) else 'off'
+
+# %% ../../nbs/neulig/70_portland.ipynb #12d0e931
+class FrozenMemo:
+    "Per-image memo of frozen encoders' outputs: `what` (weights, head, …) and an image's bytes → its output row."
+    def __init__(self, max_bytes:int=2**30): self.rows, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
+    def clear(self): self.rows.clear(); self.nbytes = 0
+    def __call__(self, what:tuple, # what the outputs depend on besides the image
+                 pixel_values:Tensor, # (batch, …) images
+                 compute:Callable[[Tensor], Tensor], # images → outputs with the batch along `dim`
+                 dim:int=0)->Tensor:
+        "`compute(pixel_values)`, the rows of images memoised under `what` read instead of computed."
+        keys = [(what, tensor_digest(x)) for x in pixel_values]
+        todo = list(dict.fromkeys(k for k in keys if k not in self.rows))
+        fresh = {}
+        if todo:
+            first = {k: i for i, k in reversed(list(enumerate(keys)))}
+            out = compute(pixel_values[[first[k] for k in todo]]); self.computed += len(todo)
+            for k, row in zip(todo, out.unbind(dim)):
+                fresh[k] = row
+                if self.nbytes + row.nbytes <= self.max_bytes: self.rows[k] = row.clone(); self.nbytes += row.nbytes
+        return torch.stack([fresh[k] if k in fresh else self.rows[k] for k in keys], dim)
+
+FROZEN = FrozenMemo()   # the process's memo: NeuLigModel.features and expert_logits
+
 # %% ../../nbs/neulig/70_portland.ipynb #65ceb9b6
 class NeuLigModel(nn.Module):
     "Portland + the experts: per-sample merged encoder (forward) and CoopVec-weighted ensemble, driven by one CoopVec."
@@ -135,9 +172,15 @@ class NeuLigModel(nn.Module):
     @property
     def device(self)->torch.device: return self.stack_0.device
 
+    def frozen_key(self)->str:
+        "Digest of the frozen weights, the pre-trained encoder's and the experts' (`FROZEN` keys their outputs by it)."
+        if getattr(self, '_frozen_key', None) is None: self._frozen_key = tensor_digest(*self.encoder.state_dict().values(), *self.stack.values())
+        return self._frozen_key
+
     def features(self, pixel_values:Tensor)->Tensor:
-        "(batch, d) Portland's input: the frozen pre-trained encoder's pooled output."
-        with torch.no_grad(): return self.encoder(pixel_values=pixel_values.to(self.device)).pooler_output.float()
+        "(batch, d) Portland's input: the frozen pre-trained encoder's pooled output (once per image: `FROZEN`)."
+        run = lambda x: self.encoder(pixel_values=x).pooler_output.float()
+        with torch.no_grad(): return FROZEN(('features', self.frozen_key(), _autocast_state(self.device)), pixel_values.to(self.device), run)
 
     def coopvecs(self, pixel_values:Tensor)->Tensor:
         "(batch, K) one CoopVec per sample."
@@ -167,10 +210,17 @@ def _forward(self:NeuLigModel, pixel_values:Tensor, coopvecs:Tensor|None=None)->
 NeuLigModel.forward = _forward
 
 # %% ../../nbs/neulig/70_portland.ipynb #82bda7eb
-def expert_logits(model:NeuLigModel, pixel_values:Tensor, head:Callable[[Tensor], Tensor])->Tensor:
+def expert_logits(model:NeuLigModel, pixel_values:Tensor,
+                  head:Callable[[Tensor], Tensor], # pooled → logits; `functools.partial(heads, task=…)` of a module: memoised in `FROZEN`
+                 )->Tensor:
     "(K, batch, classes): every expert run on the whole batch with its own weights (no gradient: experts are frozen)."
     x, stack = pixel_values.to(model.device), model.stack
-    with torch.no_grad(): return torch.stack([head(_run(model.encoder, {k: s[i] for k, s in stack.items()}, x)) for i in range(len(model.names))])
+    run = lambda x: torch.stack([head(_run(model.encoder, {k: s[i] for k, s in stack.items()}, x)) for i in range(len(model.names))])
+    known = isinstance(head, functools.partial) and isinstance(head.func, nn.Module)   # a lambda cannot be told from another
+    with torch.no_grad():
+        if not known: return run(x)
+        what = ('experts', model.frozen_key(), head.func, head.args, tuple(sorted(head.keywords.items())), _autocast_state(model.device))
+        return FROZEN(what, x, run, dim=1)
 
 # %% ../../nbs/neulig/70_portland.ipynb #595a7477
 def merged_logits(model:NeuLigModel, pixel_values:Tensor, head:Callable[[Tensor], Tensor], coopvecs:Tensor|None=None)->Tensor:
