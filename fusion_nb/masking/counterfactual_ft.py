@@ -24,8 +24,8 @@ from .cam import ZeroShotLogits, class_cam
 from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 
 # %% auto #0
-__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'SPLIT_SEED', 'counterfactual_loss', 'kd_loss',
-           'subset_predictions', 'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits',
+__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'PIXEL_MEMO_BYTES', 'SPLIT_SEED', 'counterfactual_loss',
+           'kd_loss', 'subset_predictions', 'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits',
            'dataset_pixels', 'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe',
            'EncoderLogits', 'classifier_accuracy', 'evaluate_id_ood', 'evaluation_splits', 'embedding_distances',
            'feature_drift', 'counterfactual_distance', 'claim_findings']
@@ -156,11 +156,23 @@ def encoder_logits(encoder:CLIPVisionModel, logits:ZeroShotLogits, pixels:Tensor
                       for i in range(0, len(pixels), batch_size)]) if len(pixels) else torch.zeros(0, logits.head.shape[0])
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #52dfad56
+PIXEL_MEMO_BYTES = 2**30   # preprocessed rows kept per process (ImageNet's 1.28 M images would not fit: past this, rows are decoded each time)
+_pixel_memo, _pixel_memo_bytes, _memo_processors = {}, [0], {}
+
 def dataset_pixels(processor, dataset, # an HF dataset with `image`
                    idx:Sequence[int]|Tensor, # rows to preprocess
                   )->Tensor:
-    "(len(idx), 3, H, W) preprocessed images of the rows `idx` only: ImageNet's 1.28 M images are never decoded at once."
-    return pixel_values(processor, dataset.select([int(i) for i in idx])['image'])
+    "(len(idx), 3, H, W) preprocessed images of the rows `idx` only (ImageNet's 1.28 M images are never decoded at once), each row once per process."
+    idx = [int(i) for i in idx]
+    fp = getattr(dataset, '_fingerprint', None)   # an experiment fine-tunes dozens of times on the same rows: keep them
+    if fp is None: return pixel_values(processor, dataset.select(idx)['image'])
+    _memo_processors[id(processor)] = processor   # kept alive: its id is never another processor's
+    key = lambda i: (fp, id(processor), i)
+    todo = list(dict.fromkeys(i for i in idx if key(i) not in _pixel_memo))
+    made = dict(zip(todo, pixel_values(processor, dataset.select(todo)['image']).unbind())) if todo else {}
+    for i, px in made.items():
+        if _pixel_memo_bytes[0] + px.nbytes <= PIXEL_MEMO_BYTES: _pixel_memo[key(i)] = px.clone(); _pixel_memo_bytes[0] += px.nbytes
+    return torch.stack([made[i] if i in made else _pixel_memo[key(i)] for i in idx])
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #a979e5c5
 @torch.no_grad()
