@@ -76,7 +76,7 @@ def main(argv=None)->int:
         if s: env['FUSION_NB_BUILD_SEED'] = str(s)
         output = root/'spread'/f'seed{s}'
         if a.papermill:
-            wall = 0.0
+            wall = 0.0; output.mkdir(parents=True, exist_ok=True)
             for nb in notebooks:
                 rc, _, w = run_logged([sys.executable, '-m', 'papermill', str(nb), str(output/f'{nb.stem}.ipynb'), '-k', 'python3', '--cwd', str(nb.parent),
                                        '-p', 'profile', a.profile, '-p', 'output_dir', str(output/a.profile/nb.stem)], env, root)
