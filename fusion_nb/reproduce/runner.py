@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/runner.html.md"""
 
 # %% ../../nbs/reproduce/92_runner.ipynb #a15ca59f
 from __future__ import annotations
-import ast, contextlib, datetime, itertools, json, os, re, sys, time
+import ast, contextlib, datetime, itertools, json, os, re, sys, threading, time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -53,12 +53,14 @@ def _kernel_pythonpath()->str:
     return os.pathsep.join(filter(None, [str(Path(fusion_nb.__file__).resolve().parents[1]), os.environ.get('PYTHONPATH')]))
 
 # %% ../../nbs/reproduce/92_runner.ipynb #ee92ba8c
-def _kernel_manager(stderr, started:list|None=None, env:dict|None=None):
-    "A kernel manager class whose kernels write their stderr to the file `stderr` (a Ctrl-C's shutdown tracebacks stay out of the terminal), listed in `started`, with environment `env`."
+def _kernel_manager(stderr, started:list|None=None, env:dict|None=None, cwd:str|None=None):
+    "A kernel manager class whose kernels write their stderr to the file `stderr` (a Ctrl-C's shutdown tracebacks stay out of the terminal), listed in `started`, with environment `env`, in folder `cwd`."
     from jupyter_client.manager import AsyncKernelManager
     class KernelManager(AsyncKernelManager):
-        async def start_kernel(self, **kw):   # env: this run's own (os.environ is shared by the runs going on at once)
-            out = await super().start_kernel(**{'stderr': stderr, **({'env': env} if env is not None else {}), **kw})
+        # env and cwd go to the kernel, not to this process: os.environ and the working folder are shared by the runs going on
+        # at once (papermill's own `cwd=` changes this process's folder for the whole run: two at once leave it in the wrong one)
+        async def start_kernel(self, **kw):
+            out = await super().start_kernel(**{'stderr': stderr, **({'env': env} if env is not None else {}), **({'cwd': cwd} if cwd else {}), **kw})
             if started is not None: started.append(self)
             return out
     return KernelManager
@@ -67,6 +69,8 @@ def _kernel_manager(stderr, started:list|None=None, env:dict|None=None):
 class Runs:
     "The experiments going on in this process: each run's kernels (a list per run, removed when it ends) and the Ctrl-Cs seen."
     def __init__(self): self.kernels, self.interrupted = [], []
+
+_FINGERPRINTING = threading.Lock()   # runs side by side fingerprint their inputs one at a time
 
 # %% ../../nbs/reproduce/92_runner.ipynb #531d2378
 @contextlib.contextmanager
@@ -207,7 +211,8 @@ def run_experiment(name:str, # experiment (notebook stem)
     import papermill, tempfile
     nb, out, failed_nb, marker = experiment_paths(name, profile, output_root, folder)
     label = name if folder is None else out.name
-    why, inputs = run_reason(name, profile, output_root, force, overrides, folder)
+    with _FINGERPRINTING:   # one at a time: CPython 3.11's ast.parse is not thread-safe ("AST constructor recursion depth mismatch")
+        why, inputs = run_reason(name, profile, output_root, force, overrides, folder)
     if why is None:
         log(f"[{label}] up to date (inputs and outputs unchanged; --force reruns it)")
         return 'skipped'
@@ -226,8 +231,8 @@ def run_experiment(name:str, # experiment (notebook stem)
             try:
                 with heartbeat(label, log) if mode == 'lines' else contextlib.nullcontext(), _ctrl_c_kills(runs):
                     papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**inputs['parameters'], 'output_dir': str(tmp)},
-                                               kernel_name='python3', cwd=str(nb.parent), progress_bar=mode == 'bars',
-                                               kernel_manager_class=_kernel_manager(kernel_err, kernels, env))
+                                               kernel_name='python3', progress_bar=mode == 'bars',
+                                               kernel_manager_class=_kernel_manager(kernel_err, kernels, env, str(nb.parent)))
             except Exception as e:   # a Ctrl-C (KeyboardInterrupt) leaves no notebook behind: the run did not fail
                 if runs.interrupted or getattr(e, 'ename', None) == 'KeyboardInterrupt': raise KeyboardInterrupt from None   # ours, or the kernel's
                 if (tmp/'run.ipynb').exists(): atomic_write_text(failed_nb, (tmp/'run.ipynb').read_text())
@@ -239,7 +244,7 @@ def run_experiment(name:str, # experiment (notebook stem)
             atomic_write_text(tmp/'run.ipynb', (tmp/'run.ipynb').read_text().replace(str(tmp), str(out)))
             finished = datetime.datetime.now().isoformat(timespec='seconds')
             revisions = resolved_revisions(profile) if any(profile.hub_sources().values()) else {}
-            inputs = with_hash({**inputs, 'data': data_fingerprint(profile, name)})   # as the run leaves it: a zoo it built is its input
+            with _FINGERPRINTING: inputs = with_hash({**inputs, 'data': data_fingerprint(profile, name)})   # as the run leaves it: a zoo it built is its input
             atomic_write_text(tmp/'inputs.json', json.dumps({**inputs, 'finished': finished, 'seconds': round(time.time() - t0, 1),
                                                             'hub_revisions': revisions, 'torch_threads': kernel_threads(env), 'outputs': _output_hashes(tmp)},
                                                            indent=1, default=str))

@@ -439,20 +439,26 @@ while not (meet/'{other}').exists():   # one after the other, the first would wa
     if time.time() - t0 > 120: raise RuntimeError('{other} never started while {me} ran')
     time.sleep(0.1)
 Path(output_dir, 'threads.txt').write_text(os.environ.get('OMP_NUM_THREADS', 'unset'))
+Path(output_dir, 'cwd.txt').write_text(os.getcwd())
 """
 
 def test_experiments_run_side_by_side_one_thread_each(project, tmp_path, monkeypatch):
-    "With two slots, two experiments run at the same time (each waits until the other started), one torch thread each."
+    """With two slots, two experiments run at the same time (each waits until the other started), one torch thread each, each
+    kernel in the notebooks' folder, and this process's working folder untouched (papermill's `cwd=` would move it: two at once
+    left it in a run's folder, where the next `load_profile` found that project's settings.ini)."""
     exp = project/'nbs'/'experiments'
     for f in exp.iterdir(): f.unlink()
     write_nb(exp/'00_a.ipynb', WAIT_FOR_OTHER.format(me='a', other='b')); write_nb(exp/'01_b.ipynb', WAIT_FOR_OTHER.format(me='b', other='a'))
     monkeypatch.setenv('MEET_DIR', str(tmp_path)); monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    here = os.getcwd()
     status, log = run(project, jobs=2)
     assert status == {'00_a': 'ok', '01_b': 'ok'}, log
+    assert os.getcwd() == here
     assert 'running up to 2 experiments at once, 1 torch thread(s) each' in log
     out = project/'outputs'/'demo'
     for n in status:
         assert (out/n/'threads.txt').read_text() == '1' and json.loads((out/n/'inputs.json').read_text())['torch_threads'] == 1
+        assert Path((out/n/'cwd.txt').read_text()).resolve() == exp.resolve()
     assert run(project, jobs=2)[0] == {'00_a': 'skipped', '01_b': 'skipped'}   # up to date, found before any slot is taken
     bad = cli(project, 'reproduce', '--profile', 'demo', '--jobs', '0')
     assert bad.returncode == 2 and 'jobs = 0: expected a whole number ≥ 1' in bad.stderr
