@@ -36,7 +36,7 @@ def averages(output:Path)->pd.DataFrame:
         t = pd.read_csv(f)
         cols = [c for c in t.columns if str(c).startswith('avg_')]
         if not cols: continue
-        ids = list(t.columns[:next(i for i, c in enumerate(t.columns) if t[c].dtype != object or c in cols)]) or [t.columns[0]]
+        ids = list(t.columns[:next(i for i, c in enumerate(t.columns) if pd.api.types.is_numeric_dtype(t[c]) or c in cols)]) or [t.columns[0]]
         for _, r in t.iterrows():
             name = ', '.join(str(r[c]) for c in ids)
             for c in cols:   # '30.0 ± 0.0' (a mean with its error) is not a value: the table's `_mean` twin holds it
@@ -58,13 +58,14 @@ def main(argv=None)->int:
     ap.add_argument('--seeds', nargs='+', type=int, default=[1, 2], help='training seeds besides the pinned 0')
     ap.add_argument('--root', type=Path, default=None, help='a copy to work in (default: a fresh copy of this checkout, kept)')
     ap.add_argument('--out', type=Path, default=None, help='default: data/paper_values/build_spread_<profile>.csv here')
+    ap.add_argument('--reuse', action='store_true', help="read the seeds' outputs a previous run left in the copy (--root) instead of running")
     ap.add_argument('--papermill', action='store_true', help="run the notebooks with papermill, not `fusion-nb reproduce`: for experiments "
                     "that build their own zoo (40), the benchmark's is then not retrained for each seed")
     a = ap.parse_args(argv)
     import tempfile
     root = a.root or fresh_copy(Path(tempfile.mkdtemp(prefix='build-spread-')))
     print(f"copy: {root}", flush=True)
-    runs, t0 = {}, time.time()
+    runs, total = {}, 0.0
     if 0 in a.seeds: ap.error('seed 0 is the pinned build, always included')
     if a.papermill:   # the pinned benchmark, once
         env = {k: v for k, v in env_for(root).items() if k != 'FUSION_NB_BUILD_SEED'}
@@ -75,6 +76,9 @@ def main(argv=None)->int:
         env = env_for(root); env.pop('FUSION_NB_BUILD_SEED', None)
         if s: env['FUSION_NB_BUILD_SEED'] = str(s)
         output = root/'spread'/f'seed{s}'
+        if a.reuse and (output/a.profile).is_dir():   # the seconds its notebooks recorded
+            runs[s] = averages(output/a.profile); total += sum(json.loads(n.read_text())['metadata']['papermill']['duration'] or 0 for n in output.glob('*.ipynb'))
+            continue
         if a.papermill:
             wall = 0.0; output.mkdir(parents=True, exist_ok=True)
             for nb in notebooks:
@@ -85,13 +89,13 @@ def main(argv=None)->int:
         else:
             rc, _, wall = run_logged(cli(root, 'reproduce', '--profile', a.profile, '--only', *a.only, '--force', output_root=output), env, root)
             if rc: print(f"seed {s}: fusion-nb reproduce failed ({rc})"); return rc
-        runs[s] = averages(output/a.profile)
+        runs[s] = averages(output/a.profile); total += wall
         print(f"seed {s}: {wall:.0f} s", flush=True)
     manifest = json.loads((root/'data'/a.profile/'manifest.json').read_text())   # the last build: seed 0, the pinned one
     table = spread_table(runs)
     out = a.out or REPO/'data'/'paper_values'/f'build_spread_{a.profile}.csv'
     this_run = (f"python bench/build_spread.py --profile {a.profile} --only {' '.join(a.only)} --seeds {' '.join(map(str, a.seeds))}{' --papermill' if a.papermill else ''} "
-                f"({time.time() - t0:.0f} s)")
+                f"({total:.0f} s)")
     recipes, runs_before = {'zoo': manifest['recipes']['zoo']}, []
     if out.exists():   # rows of other experiments are kept, with the runs that measured them, when measured on the same zoo
         old_head = out.read_text().split('\n', 1)[0]
