@@ -274,7 +274,11 @@ def ray_module():
 def local_slots(profile:Profile, # the profile about to run
                 jobs:int|None=None, # asked for (`--jobs`); default: from the cores and the profile
                )->int:
-    "Experiments the local backend runs at the same time: `jobs`, else cores available ÷ `cpus_per_experiment` on a CPU profile, else 1."
+    "Experiments the local backend runs at the same time: `jobs` (else `$FUSION_NB_JOBS`), else cores available ÷ `cpus_per_experiment` on a CPU profile, else 1."
+    if jobs is None and os.environ.get('FUSION_NB_JOBS', '').strip():   # `make test`: xdist's workers already fill the cores
+        v = os.environ['FUSION_NB_JOBS'].strip()
+        if not v.isdigit() or int(v) < 1: raise HyperparameterError(f"FUSION_NB_JOBS={v!r}: expected a whole number ≥ 1")
+        jobs = int(v)
     if jobs is not None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1: raise HyperparameterError(f"jobs = {jobs!r}: expected a whole number ≥ 1")
         return jobs
