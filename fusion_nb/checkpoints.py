@@ -15,7 +15,10 @@ import torch
 from torch import Tensor
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
-from transformers import CLIPConfig, CLIPVisionConfig, CLIPVisionModel
+# transformers' CLIP classes are imported where they are used: its model classes take seconds to import, which every
+# `fusion-nb merge` of a Llama would pay for nothing
+from typing import TYPE_CHECKING
+if TYPE_CHECKING: from transformers import CLIPConfig, CLIPVisionConfig, CLIPVisionModel
 
 from .core import FusionError, IncompatibleModelsError, atomic_dir, atomic_write, get_device, get_dtype
 from .algebra import materialize, tensor_meta
@@ -289,6 +292,7 @@ def vision_state_dict(source:str|Path|LazyStateDict, # CLIPModel or CLIPVisionMo
 # %% ../nbs/02_checkpoints.ipynb #01212d58
 def vision_config(source)->CLIPVisionConfig:
     "The `CLIPVisionConfig` of a config, a CLIP model, or a CLIPModel / CLIPVisionModel directory or hub id."
+    from transformers import CLIPConfig, CLIPVisionConfig
     if isinstance(source, CLIPVisionConfig): return source
     if isinstance(source, CLIPConfig): return source.vision_config
     if isinstance(getattr(source, 'config', None), (CLIPConfig, CLIPVisionConfig)): return vision_config(source.config)
@@ -305,6 +309,7 @@ def check_vision_state_dict(state_dict:Mapping, # canonical vision state dict (p
                             name:str|None=None, # name for messages (default: `state_dict.name`)
                            )->None:
     "Raise `IncompatibleModelsError` naming the source and tensors unless `state_dict` fits `config`'s `CLIPVisionModel`."
+    from transformers import CLIPVisionModel
     cfg = vision_config(config)
     name = name or getattr(state_dict, 'name', None) or 'state dict'
     with torch.device('meta'): ref = CLIPVisionModel(cfg).state_dict()
@@ -337,6 +342,7 @@ def load_vision_model(source:str|Path|Mapping, # model dir / hub id, or a canoni
                       name:str|None=None, # name for error messages
                      )->CLIPVisionModel:
     "A `CLIPVisionModel` with the weights of `source` (either key layout), in eval mode."
+    from transformers import CLIPVisionModel
     if isinstance(source, Mapping) and not isinstance(source, LazyStateDict):
         if config is None: raise FusionError(f"load_vision_model: a state dict ({name or getattr(source, 'name', 'unnamed')!r}) needs `config`")
         sd = source

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn, Tensor
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
-from transformers import CLIPModel, CLIPVisionModel
+from typing import TYPE_CHECKING
+if TYPE_CHECKING: from transformers import CLIPModel   # annotations only: transformers' models take seconds to import
 
 from .core import FusionError, HyperparameterError, NonFiniteError, UnknownNameError, get_device
 from .checkpoints import LazyStateDict

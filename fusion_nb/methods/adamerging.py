@@ -20,7 +20,6 @@ from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError,
 from .registry import Hyper, MergeMethod, OutputWeights, declare, MERGE_METHODS, MergedStateDict, check_models, check_pool, check_choice, read_tensor
 from .data import MergeData, entropy_loss
 from torch.func import functional_call
-from transformers import CLIPVisionModel
 
 # %% auto #0
 __all__ = ['GRANULARITIES', 'ACTIVATION_BUDGET', 'ADAMERGING_HYPERS', 'task_wise_adamerging', 'layer_wise_adamerging',
@@ -113,6 +112,7 @@ ACTIVATION_BUDGET = 24 * 2**30   # bytes of saved activations per forward chunk 
 
 def saved_bytes_per_image(config)->int:
     "Bytes autograd saves per image in a float32 CLIPVisionModel of `config`, counted on the meta device."
+    from transformers import CLIPVisionModel   # here, not at the top: transformers' models take seconds to import
     with torch.device('meta'): enc = CLIPVisionModel(config).requires_grad_(True)
     def saved(n):   # bytes saved for backward by a forward of n images
         total = [0]

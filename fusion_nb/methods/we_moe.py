@@ -16,14 +16,16 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from safetensors import safe_open
 from safetensors.torch import load_file, save as safetensors_bytes
-from transformers import CLIPVisionConfig, CLIPVisionModel
+import functools
+from typing import TYPE_CHECKING
+if TYPE_CHECKING: from transformers import CLIPVisionConfig   # imported where used: transformers' models take seconds to import
 
 from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_write, check_range, seed_everything
 from .registry import Hyper, MergeMethod, OutputWeights, declare, check_models, check_pool, read_tensor
 from .data import MergeData, entropy_loss
 
 # %% auto #0
-__all__ = ['ROUTINGS', 'weight_ensembling_moe', 'Router', 'WeightEnsemblingMLP', 'WEMoEVisionModel', 'build_we_moe',
+__all__ = ['ROUTINGS', 'weight_ensembling_moe', 'Router', 'WeightEnsemblingMLP', 'WEMoEMethods', 'we_moe_class', 'build_we_moe',
            'routers_state', 'we_moe_backward', 'we_moe_train', 'save_routers', 'load_routers']
 
 # %% ../../nbs/methods/34_we_moe.ipynb #c3d19fd5
@@ -93,8 +95,8 @@ class WeightEnsemblingMLP(nn.Module):
 
 
 # %% ../../nbs/methods/34_we_moe.ipynb #e1b78522
-class WEMoEVisionModel(CLIPVisionModel):
-    "A CLIPVisionModel whose layer MLPs are `WeightEnsemblingMLP`s (built by `build_we_moe`)."
+class WEMoEMethods:
+    "What `WEMoEVisionModel` adds to a CLIPVisionModel whose layer MLPs are `WeightEnsemblingMLP`s."
     @torch.no_grad()
     def routing_weights(self, pixel_values:Tensor, # (batch, 3, H, W) images
                        )->Tensor:
@@ -114,6 +116,16 @@ class WEMoEVisionModel(CLIPVisionModel):
         for layer in _layers(self): layer.mlp.routing = routing
         self.we_moe_info['routing'] = routing
         return self
+
+@functools.cache
+def we_moe_class()->type:
+    "`WEMoEVisionModel`: a CLIPVisionModel whose layer MLPs are `WeightEnsemblingMLP`s (built by `build_we_moe`)."
+    from transformers import CLIPVisionModel
+    return type('WEMoEVisionModel', (WEMoEMethods, CLIPVisionModel), {'__module__': __name__, '__doc__': we_moe_class.__doc__})
+
+def __getattr__(name):   # `from fusion_nb.methods.we_moe import WEMoEVisionModel`, and pickle, find the class made on first use
+    if name == 'WEMoEVisionModel': return we_moe_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # %% ../../nbs/methods/34_we_moe.ipynb #5c1da573
@@ -143,7 +155,7 @@ def build_we_moe(pretrained:Mapping, # θ₀ (plain or lazy CLIPVisionModel stat
     for k in keys:   # task arithmetic for every tensor (the MLP ones are replaced below)
         p = pretrained[k]
         ta[k] = p.clone() if not p.is_floating_point() else read_tensor(pretrained, k, 'pretrained') + init_lambda * sum(read_tensor(e, k, n) - read_tensor(pretrained, k, 'pretrained') for n, e in experts.items())
-    model = WEMoEVisionModel(config)
+    model = we_moe_class()(config)
     model.load_state_dict(ta, strict=False)
     layers = _layers(model)
     if len(layers) != _layer_count(keys): raise IncompatibleModelsError(f"config has {len(layers)} layers, checkpoints {_layer_count(keys)}")

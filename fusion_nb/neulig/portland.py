@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
-from transformers import CLIPVisionConfig, CLIPVisionModel
-from transformers.modeling_outputs import BaseModelOutputWithPooling
+from typing import TYPE_CHECKING
+if TYPE_CHECKING: from transformers import CLIPVisionConfig; from transformers.modeling_outputs import BaseModelOutputWithPooling   # imported where used: transformers' models take seconds to import
 
 from ..core import HyperparameterError, IncompatibleModelsError
 from ..methods.registry import MergedStateDict, check_models, check_pool, read_tensor
@@ -158,6 +158,7 @@ class NeuLigModel(nn.Module):
         if chunk_size < 1: raise HyperparameterError(f"chunk_size={chunk_size!r} must be ≥ 1")
         self.names, stack = stack_experts(pretrained, experts, check)
         # eager attention: plain batched matmuls, which vmap batches (SDPA's CPU kernel has no batching rule: a per-sample loop)
+        from transformers import CLIPVisionModel
         self.encoder = CLIPVisionModel._from_config(copy.deepcopy(config), attn_implementation='eager')
         self.encoder.load_state_dict({k: read_tensor(pretrained, k, 'pretrained') if pretrained[k].is_floating_point() else pretrained[k]
                                       for k in pretrained.keys()}, strict=False)
@@ -206,6 +207,7 @@ def merged_pooled(model:NeuLigModel, pixel_values:Tensor,
 # %% ../../nbs/neulig/70_portland.ipynb #2b030e83
 def _forward(self:NeuLigModel, pixel_values:Tensor, coopvecs:Tensor|None=None)->BaseModelOutputWithPooling:
     "The per-sample merged encoder, as a CLIPVisionModel output (`pooler_output`)."
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
     return BaseModelOutputWithPooling(pooler_output=merged_pooled(self, pixel_values, coopvecs))
 NeuLigModel.forward = _forward
 

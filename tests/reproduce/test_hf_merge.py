@@ -305,3 +305,20 @@ def test_new_mergekit_names_run_the_registered_method(tmp_path, name):
         want = MERGE_METHODS[name](None if name == 'karcher' else B, {'e1': E1, 'e2': E2}, **hp(tv), progress=False)
         for k in floats:
             if t[k] == tv: _close(got[k], want[k])
+
+def test_merge_command_imports_no_model_classes(tmp_path):
+    """`fusion-nb merge` of a language model runs without importing transformers' model classes (seconds on every run:
+    the CLI, every registered method and the HF merge path import them only where a CLIP model is built); the WE-MoE
+    class they would subclass is still there on first use, for `from … import` and for pickle."""
+    import pickle, subprocess, sys
+    code = ("import sys, fusion_nb.reproduce.cli, fusion_nb.reproduce.merge_config, fusion_nb.merge\n"
+            "print(sorted(m for m in sys.modules if m == 'transformers.modeling_utils' or m.startswith('transformers.models.')))")
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == '[]'
+    from transformers import CLIPVisionModel
+    from fusion_nb.methods.we_moe import WEMoEVisionModel, we_moe_class
+    assert WEMoEVisionModel is we_moe_class() and issubclass(WEMoEVisionModel, CLIPVisionModel)
+    assert pickle.loads(pickle.dumps(WEMoEVisionModel)) is WEMoEVisionModel
+    with pytest.raises(ImportError, match='WEMoEVisionModels'):   # any other name is still an error
+        from fusion_nb.methods.we_moe import WEMoEVisionModels   # noqa: F401
