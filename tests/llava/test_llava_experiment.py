@@ -18,7 +18,8 @@ METHODS = ['dare_task_arithmetic', 'della', 'weighted_average', 'ties_merging', 
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('uq40')
     args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/'40_uq_merge.ipynb'), str(tmp/'run.ipynb'),
-            '-k', 'python3', '-p', 'profile', 'micro', '-p', 'output_dir', str(tmp/'out')]
+            '-k', 'python3', '-p', 'profile', 'micro', '-p', 'output_dir', str(tmp/'out'),
+            '-y', 'perturbation_sets: ["image text model", "text"]']   # Table 5: the default set and one rerun (each rerun ~10 s)
     env = {**os.environ, 'FUSION_NB_ROOT': str(REPO), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(REPO)}
     r = subprocess.run(args, env=env, capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
