@@ -110,8 +110,8 @@ class WEMoEMethods:
         return torch.stack(found, 1)
 
     def set_routing(self, routing:str, # 'sample' (ours) or 'batch' (FusionBench's evaluation, leaky)
-                   )->WEMoEVisionModel:
-        "Switch every MoE MLP's evaluation routing; returns the model."
+                   )->WEMoEMethods:
+        "Switch every MoE MLP's evaluation routing; returns the model (a `WEMoEVisionModel`)."
         if routing not in ROUTINGS: raise HyperparameterError(f"routing={routing!r}: expected one of {', '.join(ROUTINGS)}")
         for layer in _layers(self): layer.mlp.routing = routing
         self.we_moe_info['routing'] = routing
@@ -144,8 +144,8 @@ def build_we_moe(pretrained:Mapping, # θ₀ (plain or lazy CLIPVisionModel stat
                  *, init_lambda:float=0.3, router_hidden_layers:int=2, batch_reduce:bool=True, seed:int=0,
                  routing:str='sample', # evaluation routing: 'sample' or 'batch' (FusionBench's, leaky)
                  check:bool=True, device=None,
-                )->WEMoEVisionModel:
-    "A CLIPVisionModel merged by task arithmetic at `init_lambda`, with every layer's MLP a WeightEnsemblingMLP; only routers train."
+                )->CLIPVisionModel:
+    "A `WEMoEVisionModel`: a CLIPVisionModel merged by task arithmetic at `init_lambda`, with every layer's MLP a WeightEnsemblingMLP; only routers train."
     experts = check_pool(experts, 'weight_ensembling_moe')
     if pretrained is None: raise HyperparameterError("weight_ensembling_moe needs the pretrained model")
     if not math.isfinite(init_lambda): raise HyperparameterError(f"init_lambda={init_lambda!r} must be finite")
