@@ -41,15 +41,24 @@ def run_logged(cmd:list[str], env:dict, cwd:Path)->tuple[int, list[tuple[float, 
         t = time.time() - t0; stamped.append((t, line.rstrip('\n'))); print(f"{t:8.1f}s  {line.rstrip()}", flush=True)
     return p.wait(), stamped, time.time() - t0
 
-def zoo_times(data:Path)->list[tuple[str, float]]:
-    "(what, seconds) of every item a cached build recorded under `data` (manifests with per-item `seconds`)."
+def pinned_hashes(root:Path)->set[str]:
+    "SHA-256 of every file the checkout's pins hold (`pins/index.json`)."
+    index = root/'pins'/'index.json'
+    return {h for e in json.loads(index.read_text()).values() for h in e.get('files', {}).values()} if index.exists() else set()
+
+def zoo_times(data:Path, pinned:set[str]=frozenset())->list[tuple[str, float, bool]]:
+    """(what, seconds, restored) of every item a cached build recorded under `data` (manifests with per-item `seconds`).
+    `restored`: the item, or its whole manifest, came from the pins: its seconds are the copy's, or (a manifest copied whole,
+    e.g. the LLaVA zoo's) the training time recorded when it was pinned, not this run's."""
+    import hashlib
     out = []
     for m in sorted(data.rglob('manifest.json')):
         try: man = json.loads(m.read_text())
         except ValueError: continue
+        copied = hashlib.sha256(m.read_bytes()).hexdigest() in pinned
         for section, items in man.items():
             if isinstance(items, dict):
-                out += [(f"{m.parent.relative_to(data)}/{n}", e['seconds']) for n, e in items.items()
+                out += [(f"{m.parent.relative_to(data)}/{n}", e['seconds'], copied or bool(e.get('pinned'))) for n, e in items.items()
                         if isinstance(e, dict) and isinstance(e.get('seconds'), (int, float))]
     return out
 
@@ -63,8 +72,9 @@ def report(root:Path, profile:str, output_root:Path, stamped:list, wall:float)->
     for build in sorted((root/'data').glob('*/manifest.json')):
         man = json.loads(build.read_text())
         for k, v in man.get('timings', {}).items(): print(f"| build {build.parent.name}: {k.removesuffix('_s')} (rebuilt now) | {v:.1f} |")
-    for what, s in zoo_times(root/'data'):
-        if what.count('/') > 1: print(f"| zoo {what} | {s:.1f} |")   # the benchmark's own manifest lists no per-item seconds
+    for what, s, restored in zoo_times(root/'data', pinned_hashes(root)):
+        if what.count('/') > 1:   # the benchmark's own manifest lists no per-item seconds
+            print(f"| zoo {what}{' (restored from the pins, not trained in this run)' if restored else ''} | {s:.1f} |")
     done = {}
     for t, l in stamped:
         if (m := re.match(r'\[([^\]]+)\] done in', l)): done[m[1]] = t
