@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib, copy, glob, json, os, pickle, threading, urllib.error, urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 from torch import Tensor
@@ -17,7 +17,6 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 # transformers' CLIP classes are imported where they are used: its model classes take seconds to import, which every
 # `fusion-nb merge` of a Llama would pay for nothing
-from typing import TYPE_CHECKING
 if TYPE_CHECKING: from transformers import CLIPConfig, CLIPVisionConfig, CLIPVisionModel
 
 from .core import FusionError, IncompatibleModelsError, atomic_dir, atomic_write, get_device, get_dtype

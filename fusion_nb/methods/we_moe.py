@@ -6,9 +6,9 @@ Docs: https://fusion-nb.github.io/fusion_nb/methods/we_moe.html.md"""
 
 # %% ../../nbs/methods/34_we_moe.ipynb #a3199e08
 from __future__ import annotations
-import json, math
+import functools, json, math
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +16,6 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from safetensors import safe_open
 from safetensors.torch import load_file, save as safetensors_bytes
-import functools
-from typing import TYPE_CHECKING
 if TYPE_CHECKING: from transformers import CLIPVisionConfig   # imported where used: transformers' models take seconds to import
 
 from ..core import HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_write, check_range, seed_everything

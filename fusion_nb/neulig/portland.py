@@ -7,13 +7,12 @@ Docs: https://fusion-nb.github.io/fusion_nb/neulig/portland.html.md"""
 # %% ../../nbs/neulig/70_portland.ipynb #ee645ceb
 from __future__ import annotations
 import copy, functools, hashlib
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
-from typing import TYPE_CHECKING
 if TYPE_CHECKING: from transformers import CLIPVisionConfig; from transformers.modeling_outputs import BaseModelOutputWithPooling   # imported where used: transformers' models take seconds to import
 
 from ..core import HyperparameterError, IncompatibleModelsError
