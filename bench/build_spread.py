@@ -42,7 +42,17 @@ def averages(output:Path)->pd.DataFrame:
             for c in cols:   # '30.0 ± 0.0' (a mean with its error) is not a value: the table's `_mean` twin holds it
                 v = pd.to_numeric(pd.Series([r[c]]), errors='coerce').iloc[0]
                 if pd.notna(v): out.append(dict(experiment=f.parent.name, table=f.stem, row=f'{name} · {c}', value=float(v)))
+    for f in sorted(output.glob('*/findings*.csv')):   # a paper's claims as differences of two rows (papers 003's experiments)
+        t = pd.read_csv(f, index_col=0)
+        if 'difference (points)' in t.columns:
+            out += [dict(experiment=f.parent.name, table=f.stem, row=str(r), value=float(v)) for r, v in t['difference (points)'].items()]
     return pd.DataFrame(out)
+
+def pinned_build(root:Path, profile:str):
+    "The copy's benchmark as the checkout builds it (seed 0: restored from the pins)."
+    env = {k: v for k, v in env_for(root).items() if k != 'FUSION_NB_BUILD_SEED'}
+    subprocess.run([sys.executable, '-c', f"from fusion_nb.reproduce.profiles import load_profile, prepare; prepare(load_profile({profile!r}), "
+                    "progress=False)"], env=env, cwd=root, check=True)
 
 def spread_table(runs:dict[int, pd.DataFrame])->pd.DataFrame:
     "One row per (experiment, table, row): the value of each seed, then min, max and spread (max − min)."
@@ -68,9 +78,7 @@ def main(argv=None)->int:
     runs, total = {}, 0.0
     if 0 in a.seeds: ap.error('seed 0 is the pinned build, always included')
     if a.papermill:   # the pinned benchmark, once
-        env = {k: v for k, v in env_for(root).items() if k != 'FUSION_NB_BUILD_SEED'}
-        subprocess.run([sys.executable, '-c', f"from fusion_nb.reproduce.profiles import load_profile, prepare; prepare(load_profile({a.profile!r}), "
-                        "progress=False)"], env=env, cwd=root, check=True)
+        pinned_build(root, a.profile)
         notebooks = [n for n in sorted((root/'nbs'/'experiments').glob('*.ipynb')) if any(n.stem.startswith(o) for o in a.only)]
     for s in [*a.seeds, 0]:   # the pinned build last: the copy is left as the checkout builds it
         env = env_for(root); env.pop('FUSION_NB_BUILD_SEED', None)
@@ -91,6 +99,7 @@ def main(argv=None)->int:
             if rc: print(f"seed {s}: fusion-nb reproduce failed ({rc})"); return rc
         runs[s] = averages(output/a.profile); total += wall
         print(f"seed {s}: {wall:.0f} s", flush=True)
+    if a.reuse and not a.papermill: pinned_build(root, a.profile)   # seed 0's outputs may have been read, not built
     manifest = json.loads((root/'data'/a.profile/'manifest.json').read_text())   # the last build: seed 0, the pinned one
     table = spread_table(runs)
     out = a.out or REPO/'data'/'paper_values'/f'build_spread_{a.profile}.csv'

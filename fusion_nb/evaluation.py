@@ -23,9 +23,9 @@ from .checkpoints import LazyStateDict
 from .catalog import OBJECTNET_TO_IMAGENET
 
 # %% auto #0
-__all__ = ['COMBINE', 'AUTOCAST', 'zeroshot_head', 'task_head', 'ZeroShotClassifier', 'ImageTransform', 'image_loader',
-           'TaskBatches', 'task_batches', 'evaluate_task', 'evaluate', 'method_task_table', 'class_groups',
-           'group_predictions']
+__all__ = ['COMBINE', 'AUTOCAST', 'zeroshot_head', 'cached_zeroshot_head', 'task_head', 'ZeroShotClassifier', 'ImageTransform',
+           'image_loader', 'TaskBatches', 'task_batches', 'evaluate_task', 'evaluate', 'method_task_table',
+           'class_groups', 'group_predictions']
 
 # %% ../nbs/06_evaluation.ipynb #c5a99209
 @torch.no_grad()
@@ -53,17 +53,27 @@ def zeroshot_head(clip_model:CLIPModel, # pretrained CLIP (its text tower is use
     return F.normalize(e, dim=-1)
 
 # %% ../nbs/06_evaluation.ipynb #04ad72d5
-_HEADS = weakref.WeakKeyDictionary()   # pretrained CLIPModel → {(class names, templates, device): head}
+_HEADS = weakref.WeakKeyDictionary()   # CLIPModel → {(tokenizer id, class names, templates, device, batch size): (tokenizer, text-tower state, head)}
+
+def _text_tower_state(clip_model)->tuple:
+    "Each text-tower tensor's identity, storage and in-place version: equal only while those weights are unchanged."
+    return tuple((id(p), p.data_ptr(), p._version) for p in itertools.chain(clip_model.text_model.parameters(), clip_model.text_projection.parameters()))
+
+def cached_zeroshot_head(clip_model:CLIPModel, tokenizer, class_names:Sequence[str], templates:Sequence[str], # as `zeroshot_head`
+                         device=None, batch_size:int=256)->Tensor:
+    "`zeroshot_head`, computed once while the text tower is unchanged; each call gets its own copy."
+    device = get_device(device) if device is not None else next(clip_model.parameters()).device
+    memo, key = _HEADS.setdefault(clip_model, {}), (id(tokenizer), tuple(class_names), tuple(templates), str(device), batch_size)
+    hit, state = memo.get(key), _text_tower_state(clip_model)
+    if hit is None or hit[0] is not tokenizer or hit[1] != state:   # the tokenizer is kept, so its id is never another's
+        memo[key] = (tokenizer, state, zeroshot_head(clip_model, tokenizer, class_names, templates, device=device, batch_size=batch_size))
+    return memo[key][2].clone()   # a head that is trained (LP-FT) leaves the memo as it was
 
 def task_head(model_pool, # a fusion_nb.pools.ModelPool (its pretrained CLIP and tokenizer)
               task, # a fusion_nb.pools.Task (its class names and templates)
              )->Tensor:
-    "The zero-shot head of `task` under the pool's pretrained CLIP, computed once and cached."
-    cache = _HEADS.setdefault(model_pool.clip, {})
-    key = (tuple(task.class_names), tuple(task.templates), str(model_pool.device))
-    if key not in cache:
-        cache[key] = zeroshot_head(model_pool.clip, model_pool.tokenizer, task.class_names, task.templates, device=model_pool.device)
-    return cache[key]
+    "The zero-shot head of `task` under the pool's pretrained CLIP (`cached_zeroshot_head`)."
+    return cached_zeroshot_head(model_pool.clip, model_pool.tokenizer, task.class_names, task.templates, device=model_pool.device)
 
 # %% ../nbs/06_evaluation.ipynb #8df3e855
 COMBINE = ('probs', 'logits', 'features')

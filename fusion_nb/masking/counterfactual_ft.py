@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from transformers import CLIPModel, CLIPVisionModel, get_cosine_schedule_with_warmup
 
 from ..core import FusionError, HyperparameterError, NonFiniteError, UnknownNameError, check_range, get_device, seed_everything
-from ..evaluation import class_groups, group_predictions, zeroshot_head
+from ..evaluation import cached_zeroshot_head, class_groups, group_predictions
 from ..tiny.finetune import pixel_values
 from .cam import ZeroShotLogits, class_cam
 from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
@@ -241,7 +241,7 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
         raise FusionError(f"labels span {int(y_all.min())}..{int(y_all.max())} but {len(class_names)} class names were given")
     train_idx, val_idx = _split(len(y_all), cfg.val_size)
     clip = clip.to(device).eval()
-    if head is None: head = zeroshot_head(clip, tokenizer, class_names, templates, device=device)
+    if head is None: head = cached_zeroshot_head(clip, tokenizer, class_names, templates, device=device)
     elif head.shape != (len(class_names), clip.config.projection_dim):
         raise FusionError(f"head has shape {tuple(head.shape)}, expected (classes, projection) = ({len(class_names)}, {clip.config.projection_dim})")
     scale = clip.logit_scale.detach().float().exp()
@@ -306,7 +306,7 @@ def linear_probe(clip:CLIPModel, tokenizer, processor, # the pre-trained CLIP, i
     device = get_device(device)
     clip = clip.to(device).eval()
     zs = ZeroShotLogits(copy.deepcopy(clip.visual_projection), clip.logit_scale,
-                        zeroshot_head(clip, tokenizer, class_names, templates, device=device), trainable_head=True).to(device)
+                        cached_zeroshot_head(clip, tokenizer, class_names, templates, device=device), trainable_head=True).to(device)
     y = torch.as_tensor(train_dataset['label']).to(device)
     with torch.no_grad(): pooled = torch.cat([clip.vision_model(pixel_values=dataset_pixels(processor, train_dataset, range(i, min(i + batch_size, len(y)))).to(device)).pooler_output
                                               for i in range(0, len(y), batch_size)])
@@ -369,7 +369,7 @@ def evaluate_id_ood(encoders:dict, # row name → CLIPVisionModel
     unknown = [r for r in [*heads, *projections] if r not in encoders]
     if unknown: raise FusionError(f"heads or projections given for rows that are not evaluated: {unknown}")
     clip = clip.to(device).eval()
-    head0 = zeroshot_head(clip, tokenizer, class_names, templates, device=device)
+    head0 = cached_zeroshot_head(clip, tokenizer, class_names, templates, device=device)
     rows = {r: EncoderLogits(enc, ZeroShotLogits(projections.get(r) or clip.visual_projection, clip.logit_scale, heads.get(r, head0)))
             for r, enc in encoders.items()}
     return classifier_accuracy(rows, test_sets, processor, class_names, id_wnids=id_wnids, id_aliases=id_aliases,

@@ -19,7 +19,8 @@ import fusion_nb
 # %% auto #0
 __all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records', 'save_figure',
            'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread', 'spread_rows',
-           'beyond_spread', 'headline_numbers', 'write_report']
+           'judge_beyond_spread', 'beyond_spread', 'spread_zoo_differs', 'claims_beyond_spread', 'headline_numbers',
+           'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #d3e31a10
 _CMP = ('reproduced', 'reported', 'difference')
@@ -161,6 +162,15 @@ def spread_rows(spread:pd.DataFrame, # `load_build_spread`'s table
 
 
 # %% ../../nbs/reproduce/91_reports.ipynb #501a6386
+def judge_beyond_spread(here:float, # the difference a − b in this run
+                        builds:pd.Series, # the same difference in each build
+                        sign:int=1, # +1: the finding is a > b; -1: a < b
+                       )->dict:
+    "One finding against the build spread: the difference across builds, its spread (max − min), in how many it holds, and the verdict."
+    spread, d = float(builds.max() - builds.min()), sign * here
+    return {'across builds': f"{builds.min():.1f} … {builds.max():.1f}", 'builds where it holds': f"{int((sign * builds > 0).sum())} of {len(builds)}",
+            'build spread': spread, 'verdict': 'holds' if d > spread else 'reversed' if d < -spread else 'within the build spread'}
+
 def beyond_spread(here:Mapping[str, float], # row → its value in this run
                   builds:pd.DataFrame, # row → its value in each build (the `seed …` columns; `load_build_spread`)
                   comparisons:Sequence[tuple[str, str]], # (a, b): the finding "a above b"
@@ -169,15 +179,34 @@ def beyond_spread(here:Mapping[str, float], # row → its value in this run
     seeds = [c for c in builds.columns if str(c).startswith('seed')]
     out = []
     for a, b in comparisons:
-        diff = here[a] - here[b]
-        if a not in builds.index or b not in builds.index:
-            out.append({'finding': f'{a} > {b}', 'difference here': diff, 'verdict': 'build spread not measured'}); continue
-        d = builds.loc[a, seeds] - builds.loc[b, seeds]; spread = float(d.max() - d.min())
-        verdict = 'holds' if diff > spread else 'reversed' if diff < -spread else 'within the build spread'
-        out.append({'finding': f'{a} > {b}', 'difference here': diff, 'across builds': f"{d.min():.1f} … {d.max():.1f}",
-                    'builds where it holds': f"{int((d > 0).sum())} of {len(d)}", 'build spread': spread, 'verdict': verdict})
+        row = {'finding': f'{a} > {b}', 'difference here': here[a] - here[b]}
+        if a not in builds.index or b not in builds.index: out.append(row | {'verdict': 'build spread not measured'}); continue
+        out.append(row | judge_beyond_spread(row['difference here'], builds.loc[a, seeds] - builds.loc[b, seeds]))
     return pd.DataFrame(out).set_index('finding')
 
+
+# %% ../../nbs/reproduce/91_reports.ipynb #c56490d8
+def spread_zoo_differs(P, # a prepared profile (`fusion_nb.reproduce.profiles.prepare`)
+                       recipes:Mapping[str, str], # zoo → recipe the spread was measured on (`load_build_spread`)
+                      )->bool:
+    "Whether the build spread was measured on another recipe of the benchmark's zoo than the one `P` is built from (never on paper profiles)."
+    if not P.build: return False
+    return recipes.get('zoo') != json.loads((P.root/'data'/P.build/'manifest.json').read_text())['recipes']['zoo']
+
+# %% ../../nbs/reproduce/91_reports.ipynb #0e63b5d1
+def claims_beyond_spread(findings:pd.DataFrame, # per claim: `difference (points)` and `verdict` (`claim_findings`)
+                         builds:pd.DataFrame, # claim → its difference in each build (`spread_rows(…, 'findings')`)
+                         signs:Mapping[str, int], # claim → +1 (a − b > 0 claimed) or -1
+                        )->pd.DataFrame:
+    "`findings` with each claim's difference across builds and its build spread; `verdict over seeds` keeps the seeds' verdict."
+    seeds, out = [c for c in builds.columns if str(c).startswith('seed')], []
+    for claim, r in findings.iterrows():
+        if claim not in builds.index: out.append({'verdict': 'build spread not measured'}); continue
+        j = judge_beyond_spread(r['difference (points)'], builds.loc[claim, seeds], signs[claim])
+        agree = {'holds': 'holds', 'does not hold': 'reversed'}.get(r['verdict'])   # the seeds' verdict, as the builds would say it
+        j['verdict'] = r['verdict'] if agree is None else r['verdict'] if j['verdict'] == agree else 'within the build spread'
+        out.append(j)
+    return findings.rename(columns={'verdict': 'verdict over seeds'}).join(pd.DataFrame(out, index=findings.index))
 
 # %% ../../nbs/reproduce/91_reports.ipynb #ca7cc476
 HEADLINE_ROWS = {  # experiment → rows of its table.csv whose `Avg.` heads REPORT.md
