@@ -1,5 +1,6 @@
 "The tiny zoo at micro scale: loaders on the built zoo, stale recipes rebuild, reproducible training, the accuracy check."
-import json, os
+import json, os, shutil
+from pathlib import Path
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
 import pytest, torch
@@ -13,10 +14,14 @@ from fusion_nb.core import HyperparameterError, UnknownNameError
 from fusion_nb.tiny.tasks import EIGHT_TASKS, TASKS
 from fusion_nb.tiny.zoo import EXPERT_TASKS, deterministic, zoo_config
 
+REPO = Path(__file__).resolve().parents[2]
+
 @pytest.fixture(scope='module')
 def built(tmp_path_factory):
+    "A copy of the checkout's micro benchmark (conftest builds it once; building one from scratch is notebook 15's test)."
     root = tmp_path_factory.mktemp('zoo')
-    return root, build_benchmark('micro', root, progress=False)
+    shutil.copytree(REPO/'data'/'micro', root/'data'/'micro'); shutil.copy(REPO/'settings.ini', root/'settings.ini')   # a project: pins name its data
+    return root, build_benchmark('micro', root, progress=False)   # complete: nothing rebuilt
 
 def test_loaders_on_the_built_zoo(built):
     _, base = built
@@ -44,7 +49,7 @@ def test_experts_keep_the_text_tower(built):
         assert not any('text' in k for k in ex)
         assert any(not torch.equal(v, pre['vision_model.' + k.removeprefix('vision_model.')]) for k, v in ex.items())
 
-def test_stale_zoo_recipe_rebuilds_models_only(built, tmp_path):
+def test_stale_zoo_recipe_rebuilds_models_only(built, tmp_path, monkeypatch):
     root, base = built
     before = json.loads((base/'manifest.json').read_text())
     build_benchmark('micro', root, progress=False, threads=1)            # another thread count: another zoo recipe
@@ -53,8 +58,10 @@ def test_stale_zoo_recipe_rebuilds_models_only(built, tmp_path):
     assert {k: v for k, v in after['files'].items() if k.startswith('datasets/')} == \
            {k: v for k, v in before['files'].items() if k.startswith('datasets/')}
     assert verify_benchmark('micro', root) == []
-    build_benchmark('micro', root, progress=False, threads=before['threads'])   # back: rebuilt to the same weights
-    assert json.loads((base/'manifest.json').read_text())['files'] == before['files']
+    monkeypatch.setenv('FUSION_NB_PINS', str(REPO/'pins'))
+    build_benchmark('micro', root, progress=False, threads=before['threads'])   # back to the pinned recipe: restored, not trained
+    back = json.loads((base/'manifest.json').read_text())
+    assert back['files'] == before['files'] and back['rebuilt_now']['models_from_pins']
 
 def test_zoo_accuracy_is_a_table_of_percentages(built):
     root, _ = built
