@@ -36,7 +36,9 @@ def project_copy(root:Path)->Path:
 def project(tmp_path_factory):
     root = project_copy(tmp_path_factory.mktemp('second_backbone'))
     P = load_profile('micro', settings=root/'settings.ini', tasks=NEULIG_TASKS)
-    return root, P, backbone_profile(P, 1)   # builds the second backbone on first use
+    with pytest.MonkeyPatch.context() as mp:   # built on first use, from the checkout's pins (training it is notebook 74's test)
+        mp.setenv('FUSION_NB_PINS', str(REPO/'pins'))
+        return root, P, backbone_profile(P, 1)
 
 def manifest(root): return json.loads((second_backbone_dir('micro', root)/'manifest.json').read_text())
 
@@ -47,7 +49,7 @@ def test_built_on_first_use_where_the_profile_says(project):
     assert P1.experts == {t: str(root/'data'/'second_backbone'/'micro'/'models'/f'{SECOND_BACKBONE}_{t}') for t in NEULIG_TASKS}
     assert (P1.tasks, P1.datasets, P1.batch_size, P1.device) == (P.tasks, P.datasets, P.batch_size, P.device)
     m = manifest(root)
-    assert m['rebuilt_now'] == {'clip': True, 'experts': NEULIG_TASKS, 'from_pins': False} and m['expert_tasks'] == NEULIG_TASKS
+    assert m['rebuilt_now'] == {'clip': False, 'experts': [], 'from_pins': True} and m['expert_tasks'] == NEULIG_TASKS
     assert not (REPO/'data'/'micro'/'second_backbone').exists()   # nothing written into the shared benchmark
 
 def test_architecture_differs(project):
