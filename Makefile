@@ -23,7 +23,8 @@ reproduce: setup
 # Tests run one worker per core (pytest-xdist), one torch thread each: most tests are single-threaded Python and
 # subprocesses, so two workers on two cores take about half the time of one. FUSION_NB_JOBS=1: the runner's experiments
 # run one at a time inside them (the workers already fill the cores; tests that run several at once say so). tests/conftest.py serialises the files that
-# share a lazily built zoo (a lock per zoo) and builds the micro benchmark once before the workers start.
+# share a lazily built zoo (a lock per zoo), builds the micro benchmark once before the workers start, and orders the files longest
+# first (--no-loadscope-reorder keeps that order: xdist would otherwise hand out the files with most tests first).
 # The trained zoos every build copies instead of training (pins/, tracked): after a change to what a zoo is made of (its
 # recipe: code, settings, budget), the runs below train the new zoos and keep them in pins/; commit it with the change.
 pins: setup
@@ -32,7 +33,7 @@ pins: setup
 
 test: setup
 	bash .ci/check_clean.sh
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 FUSION_NB_JOBS=1 $(BIN)/pytest -q -n auto --dist loadfile --durations=25 tests
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 FUSION_NB_JOBS=1 $(BIN)/pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 tests
 	HF_HUB_OFFLINE=1 $(BIN)/nbdev-test --n-workers 2
 
 export: setup

@@ -116,7 +116,7 @@ def micro_pools():
 # repository's data/ on first use take that zoo's lock for as long as they run, so two workers never build one zoo at once.
 # (xdist's `loadgroup` would be the direct way; with pytest 9.2 and xdist 3.8 its groups are not honoured: tests of one
 # xdist_group ran on both workers.)
-SHARED_BUILDS = {'robust': ['test_robust_experiments', 'test_robust_zoo', 'test_robust_models', 'test_robust_paper_scale'],
+SHARED_BUILDS = {'robust': ['test_robust_experiments', 'test_robust_zoo', 'test_robust_models'],   # test_robust_paper_scale: its own root
                  'neulig': ['test_neulig', 'test_neulig_experiment', 'test_second_backbone'],
                  'llava': ['test_llava', 'test_llava_benchmarks', 'test_llava_experiment', 'test_llava_paper_values']}
 GROUP_OF = {f: g for g, files in SHARED_BUILDS.items() for f in files}
@@ -131,6 +131,23 @@ def one_builder_per_zoo(request):
     from filelock import FileLock
     key = hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
     with FileLock(str(Path(tempfile.gettempdir())/f'fusion_nb-tests-{key}-{group}.lock')): yield
+
+# The longest files first. xdist hands files to the workers in collection order when told not to reorder them (the
+# Makefile's --no-loadscope-reorder); by default it sorts them by their number of tests, which sent the few-test,
+# minute-long files (a whole experiment each) last and left one worker idle while the other finished them. Worker-seconds
+# per file from CI's `--durations` (stop 37, after that stop's cuts; approximate): only the order matters, files not listed
+# keep theirs after these. Files of one zoo group (SHARED_BUILDS) are kept apart, so that they rarely wait on each other.
+FILE_SECONDS = {'reproduce/test_reproduce.py': 170, 'test_bad_inputs.py': 80, 'llava/test_llava_experiment.py': 78,
+                'reproduce/test_hub_mirror.py': 75, 'robust/test_robust_paper_scale.py': 75, 'robust/test_robust_experiments.py': 73,
+                'test_docs.py': 68, 'reproduce/test_ray.py': 66, 'masking/test_masking_imagenet.py': 50, 'neulig/test_neulig_experiment.py': 49,
+                'reproduce/test_experiments.py': 46, 'reproduce/test_fusion_experiments.py': 45, 'masking/test_masking.py': 34,
+                'llava/test_llava_benchmarks.py': 30, 'tiny/test_benchmark.py': 25, 'tiny/test_tiny_zoo.py': 15,
+                'reproduce/test_sweep.py': 16, 'neulig/test_merge_vs_ensemble.py': 16, 'reproduce/test_logs.py': 12,
+                'reproduce/test_merge_cli.py': 11}
+
+def pytest_collection_modifyitems(config, items):
+    "Order the files longest first (a stable sort: each file's tests keep their order, unlisted files theirs)."
+    items.sort(key=lambda item: -FILE_SECONDS.get(Path(item.path).relative_to(REPO/'tests').as_posix(), 0))
 
 def pytest_sessionstart(session):
     "The repository's micro benchmark, built before any worker starts (every worker reads it; none may build it twice)."
