@@ -203,8 +203,10 @@ def claims_beyond_spread(findings:pd.DataFrame, # per claim: `difference (points
     for claim, r in findings.iterrows():
         if claim not in builds.index: out.append({'verdict': 'build spread not measured'}); continue
         j = judge_beyond_spread(r['difference (points)'], builds.loc[claim, seeds], signs[claim])
-        agree = {'holds': 'holds', 'does not hold': 'reversed'}.get(r['verdict'])   # the seeds' verdict, as the builds would say it
-        j['verdict'] = r['verdict'] if agree is None else r['verdict'] if j['verdict'] == agree else 'within the build spread'
+        said = r['verdict'].split(' (')[0]   # 'holds (one seed: spread unknown)': the builds' spread is then the only one known
+        agree = {'holds': 'holds', 'does not hold': 'reversed'}.get(said)   # the seeds' verdict, as the builds would say it
+        j['verdict'] = r['verdict'] if agree is None else 'within the build spread' if j['verdict'] != agree else \
+                       said + (' (one seed; beyond the build spread)' if said != r['verdict'] else '')
         out.append(j)
     return findings.rename(columns={'verdict': 'verdict over seeds'}).join(pd.DataFrame(out, index=findings.index))
 
