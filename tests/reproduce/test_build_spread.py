@@ -1,0 +1,23 @@
+"bench/build_spread.py's reading of one build's outputs: every table row's average, and every claim's difference (paper 003)."
+import importlib.util, sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[2]
+
+def _bench():
+    sys.path.insert(0, str(REPO/'bench'))   # build_spread imports reproduce_time beside it
+    spec = importlib.util.spec_from_file_location('build_spread', REPO/'bench'/'build_spread.py')
+    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+    return m
+
+def test_averages_and_claim_differences_of_one_build(tmp_path):
+    (tmp_path/'04_x').mkdir(); (tmp_path/'30_y').mkdir()
+    pd.DataFrame({'a': [50., 60.], 'Avg.': [55., 65.]}, index=pd.Index(['TA', 'TIES'], name='method')).to_csv(tmp_path/'04_x'/'table.csv')
+    pd.DataFrame({'difference (points)': [1.5, -0.25], 'verdict': ['holds', 'does not hold']},
+                 index=pd.Index(['A beats B', 'C beats D'], name='claim')).to_csv(tmp_path/'30_y'/'findings.csv')
+    pd.DataFrame({'finding': ['TA > TIES'], 'difference here': [3.0]}).to_csv(tmp_path/'04_x'/'findings.csv', index=False)   # 04's: no claim differences
+    got = _bench().averages(tmp_path).set_index(['experiment', 'table', 'row'])['value'].to_dict()
+    assert got == {('04_x', 'table', 'TA'): 55.0, ('04_x', 'table', 'TIES'): 65.0,
+                   ('30_y', 'findings', 'A beats B'): 1.5, ('30_y', 'findings', 'C beats D'): -0.25}
