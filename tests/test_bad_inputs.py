@@ -310,6 +310,7 @@ def micro(tmp_path_factory):
     from fusion_nb.tiny.build import build_benchmark, read_manifest
     import shutil
     root = tmp_path_factory.mktemp('damaged'); repo = Path(__file__).resolve().parents[1]/'data'/'micro'
+    build_benchmark('micro', repo.parents[1], progress=False, log=lambda s: None)   # the checkout's, built on first use without workers
     shutil.copytree(repo/'datasets', root/'data'/'micro'/'datasets'); shutil.copy(repo/'manifest.json', root/'data'/'micro'/'manifest.json')
     build_benchmark('micro', root, progress=False, log=lambda s: None)   # the checkout's datasets kept; the zoo trained here, as its rebuilds below
     return root, read_manifest('micro', root)['files']

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 def built(tmp_path_factory):
     "A copy of the checkout's micro benchmark (conftest builds it once; building one from scratch is notebook 15's test)."
     root = tmp_path_factory.mktemp('zoo')
+    build_benchmark('micro', REPO, progress=False, log=lambda s: None)   # built on first use when pytest runs without workers
     for part in ('datasets', 'models'): shutil.copytree(REPO/'data'/'micro'/part, root/'data'/'micro'/part)   # the benchmark, not the other zoos beside it
     shutil.copy(REPO/'data'/'micro'/'manifest.json', root/'data'/'micro'/'manifest.json')
     shutil.copy(REPO/'settings.ini', root/'settings.ini')   # a project: pins name its data
