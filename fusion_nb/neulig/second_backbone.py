@@ -14,7 +14,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 import fusion_nb
-from ..core import (FusionError, UnknownNameError, atomic_write_text, code_digest, file_hashes, project_root, restore_pin,
+from ..core import (FusionError, UnknownNameError, atomic_write_text, build_seed, code_digest, file_hashes, project_root, restore_pin,
                             save_pin)
 from ..catalog import templates_for
 from ..evaluation import evaluate, zeroshot_head
@@ -46,7 +46,9 @@ def second_backbone_dir(scale:str, root:str|Path|None=None)->Path:
     return Path(root or project_root())/'data'/'second_backbone'/scale
 
 # %% ../../nbs/neulig/74_second_backbone.ipynb #5674304f
-def second_backbone_recipe(scale:str, root:str|Path|None=None, seed:int=0, threads:int=2)->str:
+def second_backbone_recipe(scale:str, root:str|Path|None=None, seed:int=0, threads:int=2,
+                           train_seed:int|None=None, # the training seed when it is not `seed` (`build_seed`: another build)
+                          )->str:
     "Digest of what the second backbone of `scale` depends on (a change means: rebuild); the benchmark's datasets must be built."
     from fusion_nb.tiny import clip_factory, finetune, zoo as tiny_zoo
     data = benchmark_dir(scale, root)/'datasets'   # the bytes the experts train on, beside the code that renders the pretraining corpus
@@ -54,7 +56,8 @@ def second_backbone_recipe(scale:str, root:str|Path|None=None, seed:int=0, threa
             'zoo': dataclasses.asdict(second_backbone_config(scale)),
             'threads': threads, 'seed': seed, 'experts': NEULIG_TASKS, 'vocabulary': vocabulary(),
             'templates': {t: templates_for(t) for t in NEULIG_TASKS},
-            'code': code_digest(clip_factory, finetune, tiny_zoo, zeroshot_head)}
+            'code': code_digest(clip_factory, finetune, tiny_zoo, zeroshot_head),
+            **({'train_seed': train_seed} if train_seed not in (None, seed) else {})}   # the pinned recipe: unchanged
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 # %% ../../nbs/neulig/74_second_backbone.ipynb #5a42a577
@@ -82,8 +85,9 @@ def build_second_backbone(scale:str='tiny', # 'tiny' or 'micro'
                           log=print)->Path:
     "Build what is missing (or stale) of the second backbone of `scale` and its seven experts; return its folder."
     base, threads, cfg = second_backbone_dir(scale, root), build_threads() if threads is None else threads, second_backbone_config(scale)
+    train_seed = build_seed(seed)   # `FUSION_NB_BUILD_SEED`: another build on the same data (bench/build_spread.py)
     datasets = build_benchmark(scale, root, seed=seed, progress=progress, log=log)/'datasets'   # the same data (a no-op when built)
-    recipe, old = second_backbone_recipe(scale, root, seed, threads), _manifest(base)
+    recipe, old = second_backbone_recipe(scale, root, seed, threads, train_seed), _manifest(base)
     clip_dir = base/'models'/SECOND_BACKBONE
     expert_dirs = {t: base/'models'/f'{SECOND_BACKBONE}_{t}' for t in NEULIG_TASKS}
     bad_clip, bad_experts = (True, set(NEULIG_TASKS)) if force or old.get('recipe') != recipe else _stale_parts(base, old, hash_cache_dir(root))
@@ -99,14 +103,14 @@ def build_second_backbone(scale:str='tiny', # 'tiny' or 'micro'
     timings = {}
     with _library_bars(progress), deterministic(threads):
         if missing_clip:
-            s = time.time(); pretrain_clip(clip_dir, cfg, seed=seed, device='cpu', progress=progress); timings['pretrain_s'] = round(time.time() - s, 1)
+            s = time.time(); pretrain_clip(clip_dir, cfg, seed=train_seed, device='cpu', progress=progress); timings['pretrain_s'] = round(time.time() - s, 1)
         s = time.time()
         for t in tqdm(missing, desc=f'experts of {SECOND_BACKBONE} ({scale})', disable=not progress):
-            finetune_expert(clip_dir, t, datasets/t, expert_dirs[t], cfg, seed=seed, device='cpu', progress=progress)
+            finetune_expert(clip_dir, t, datasets/t, expert_dirs[t], cfg, seed=train_seed, device='cpu', progress=progress)
         timings['experts_s'] = round(time.time() - s, 1)
     files = {f: h for f, h in file_hashes(base, hash_cache_dir(root)).items() if f != 'manifest.json'}
     if not pinned: save_pin(base, 'models', recipe, models(files))
-    manifest = {'scale': scale, 'seed': seed, 'threads': threads, 'built': datetime.datetime.now().isoformat(timespec='seconds'),
+    manifest = {'scale': scale, 'seed': seed, **({'train_seed': train_seed} if train_seed != seed else {}), 'threads': threads, 'built': datetime.datetime.now().isoformat(timespec='seconds'),
                 'rebuilt_now': {'clip': missing_clip, 'experts': missing, 'from_pins': pinned}, 'timings': timings,
                 'zoo': dataclasses.asdict(cfg), 'expert_tasks': NEULIG_TASKS, 'recipe': recipe, 'files': files}
     atomic_write_text(base/'manifest.json', json.dumps(manifest, indent=1))

@@ -145,6 +145,15 @@ def test_findings_are_read_from_the_tables(run, table):
     diff = (s8.loc[('Ori.', 'Mer.')] - s8.loc[('Trans.', 'Mer.')]).abs().max()
     row = findings.loc["Portland transferred to model-Bs: Avg. Mer. within 2 points of the As' at every epoch (Table s8)"]
     assert row['holds here'] == (diff <= 2) and f'{diff:.2f}' in row['this run']
+    assert abs(row['difference (points)'] - (2 - diff)) < 1e-9
+    # each claim's margin, from table s5 alone: positive exactly when the claim holds
+    avg = table['Avg.']
+    for r in NEULIG:
+        gap = findings.loc[f"{r}: Avg. Gap below every baseline's (Table s5)"]
+        mer = findings.loc[f"{r}: Avg. Mer. above every baseline's (Table s5)"]
+        assert abs(gap['difference (points)'] - (avg.loc[[b for b in BASELINES if b not in NO_ENSEMBLE], 'Gap'].min() - avg.loc[r, 'Gap'])) < 1e-9
+        assert abs(mer['difference (points)'] - (avg.loc[r, 'Mer.'] - avg.loc[BASELINES, 'Mer.'].max())) < 1e-9
+    assert (findings['holds here'] == (findings['difference (points)'] > 0)).all()
     assert pd.read_csv(run/'routing.csv', index_col=0).index.tolist() == NEULIG
 
 def test_table_s6_is_the_five_task_table_of_each_backbone(run):
