@@ -3,6 +3,7 @@
     python bench/build_spread.py --profile tiny --only 01 04 --seeds 1 2     # seed 0 is the pinned build (pins/)
     python bench/build_spread.py --profile micro --only 01 --seeds 1         # a smoke run
     python bench/build_spread.py --profile tiny --only 40 --seeds 1 2 --papermill   # paper 004: its LLaVA zoo reseeded, not the benchmark's
+    python bench/build_spread.py --profile tiny --only 10 --seeds 1 2     # paper 001: the benchmark's zoo, the half experts, the second backbone
 
 Two machines build different zoos from one commit (their CPU kernels round differently, and training carries that into
 the weights), so a finding on the tiny profile means something only if it holds by more than the difference between
@@ -10,8 +11,10 @@ two such builds. This script stands other seeds in for the other machines: in a 
 benchmark's zoo once per seed (`FUSION_NB_BUILD_SEED`; seed 0 is copied from the pins) and runs the experiments on each,
 then writes every table row's average (the `Avg.` column of each `table*.csv`) per seed, with the spread (largest minus
 smallest), to `data/paper_values/build_spread_<profile>.csv`, which the findings of the experiment notebooks read.
-The seed reseeds the benchmark's zoo (the CLIP and its experts) and paper 004's LLaVA zoo (experiment 40); the other zoos
-experiments build on first use (robust, NeuLig halves, second backbone) are not. Rows of experiments not run are kept.
+The seed reseeds the benchmark's zoo (the CLIP and its experts), paper 004's LLaVA zoo (experiment 40) and paper 001's
+second backbone (experiment 10); paper 001's half experts are fine-tuned again from the reseeded CLIP (their recipe names
+its weights), with their own seed kept (it also draws the halves the experiment reads). The robust zoo (experiments 20,
+21) is not reseeded. Rows of experiments not run are kept.
 """
 from __future__ import annotations
 import argparse, json, os, re, subprocess, sys, time
