@@ -7,7 +7,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/robust/zoo.html.md"""
 # %% ../../nbs/robust/53_zoo.ipynb #3a983913
 from __future__ import annotations
 import functools, json, math, time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..core import FusionError, HyperparameterError, UnknownNameError, cached_builds, check_range, project_root, seed_everything
+from ..core import (FusionError, HyperparameterError, UnknownNameError, build_seed, cached_builds, check_range, project_root,
+                            seed_everything)
 from .attacks import NORMS, budget, check_norm
 from .models import adversarial_train, convnet, to_tensors
 
@@ -175,16 +176,18 @@ def robust_zoo(folder:str|Path, # where the models and manifest.json go
     "Train the models of `specs` that are missing, stale or changed on disk in `folder` (`cached_builds`); return the folder."
     from fusion_nb.tiny.zoo import deterministic
     folder, specs = Path(folder), list(specs or zoo_specs(dataset))
-    recipes, specs = _recipes(_check_dataset(dataset), specs, budget), {s.name: s for s in specs}   # a name declared twice is refused here
+    trained = replace(budget, seed=build_seed(budget.seed))   # `FUSION_NB_BUILD_SEED`: another build on the same stand-in images
+    recipes, specs = _recipes(_check_dataset(dataset), specs, trained), {s.name: s for s in specs}   # a name declared twice is refused here
     train_set = functools.cache(lambda: standin(dataset, 'train', budget.n_train, budget.seed))   # only when something is trained
     def build(name):
         s = specs[name]
-        m = train_model(s, dataset, *train_set(), budget, load_zoo(folder, [s.start])[s.start] if s.start else None)
+        m = train_model(s, dataset, *train_set(), trained, load_zoo(folder, [s.start])[s.start] if s.start else None)
         tmp = folder/f'.{name}.safetensors.tmp'
         save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp)); tmp.replace(folder/f'{name}.safetensors')
         return dict(file=f'{name}.safetensors', spec=asdict(s))
     header = dict(paper='002', dataset=dataset, classes=STANDINS[dataset], architecture='convnet', width=budget.width,
-                  budget=asdict(budget), eps={n: standin_eps(dataset, n) for n in NORMS})
+                  budget=asdict(trained), eps={n: standin_eps(dataset, n) for n in NORMS},
+                  **({'data_seed': budget.seed} if trained.seed != budget.seed else {}))
     with deterministic(budget.threads):
         cached_builds(folder, recipes, build, lambda n: [f'{n}.safetensors'],
                       section='models', header=header, keep_others=False, desc=f'robust zoo ({dataset})', progress=progress)
