@@ -4,6 +4,7 @@
     python bench/build_spread.py --profile micro --only 01 --seeds 1         # a smoke run
     python bench/build_spread.py --profile tiny --only 40 --seeds 1 2 --papermill   # paper 004: its LLaVA zoo reseeded, not the benchmark's
     python bench/build_spread.py --profile tiny --only 10 --seeds 1 2     # paper 001: the benchmark's zoo, the half experts, the second backbone
+    python bench/build_spread.py --profile tiny --only 20 21 --seeds 1 2 --papermill   # paper 002: its robust zoo reseeded, not the benchmark's
 
 Two machines build different zoos from one commit (their CPU kernels round differently, and training carries that into
 the weights), so a finding on the tiny profile means something only if it holds by more than the difference between
@@ -12,9 +13,10 @@ benchmark's zoo once per seed (`FUSION_NB_BUILD_SEED`; seed 0 is copied from the
 then writes every table row's average (the `Avg.` column of each `table*.csv`) per seed, with the spread (largest minus
 smallest), to `data/paper_values/build_spread_<profile>.csv`, which the findings of the experiment notebooks read.
 The seed reseeds the benchmark's zoo (the CLIP and its experts), paper 004's LLaVA zoo (experiment 40) and paper 001's
-second backbone (experiment 10); paper 001's half experts are fine-tuned again from the reseeded CLIP (their recipe names
-its weights), with their own seed kept (it also draws the halves the experiment reads). The robust zoo (experiments 20,
-21) is not reseeded. Rows of experiments not run are kept.
+second backbone (experiment 10) and paper 002's robust zoo (experiments 20 and 21; on the same stand-in images); paper
+001's half experts are fine-tuned again from the reseeded CLIP (their recipe names its weights), with their own seed kept
+(it also draws the halves the experiment reads); paper 002's AdvProp model (one row of experiment 21's Table 1) is not
+reseeded (its recipe digests its own module). Rows of experiments not run are kept.
 """
 from __future__ import annotations
 import argparse, json, os, re, subprocess, sys, time
@@ -22,11 +24,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from fusion_nb.reproduce.reports import finding_label
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reproduce_time import REPO, cli, env_for, fresh_copy, run_logged
 
 def averages(output:Path)->pd.DataFrame:
-    """experiment, table, row, value of every average in the `table*.csv` under one run's output folder: the `Avg.` column
+    """experiment, table, row, value of every average in the `table*.csv` under one run's output folder (and of each finding in
+    its `findings*.csv`: a claim's `difference (points)`, else 1 or 0 as it holds or not): the `Avg.` column
     (row: the table's row), or each `avg_…` column (paper 004's held-in and held-out averages; row: `<row> · <column>`,
     where a row named by several leading text columns, as Table 3's guidance and order, joins them with ', ')."""
     out = []
@@ -45,10 +50,14 @@ def averages(output:Path)->pd.DataFrame:
             for c in cols:   # '30.0 ± 0.0' (a mean with its error) is not a value: the table's `_mean` twin holds it
                 v = pd.to_numeric(pd.Series([r[c]]), errors='coerce').iloc[0]
                 if pd.notna(v): out.append(dict(experiment=f.parent.name, table=f.stem, row=f'{name} · {c}', value=float(v)))
-    for f in sorted(output.glob('*/findings*.csv')):   # a paper's claims as differences of two rows (papers 003's experiments)
+    for f in sorted(output.glob('*/findings*.csv')):
         t = pd.read_csv(f, index_col=0)
-        if 'difference (points)' in t.columns:
+        if 'difference (points)' in t.columns:   # a paper's claims, each a difference in points (papers 001 and 003)
             out += [dict(experiment=f.parent.name, table=f.stem, row=str(r), value=float(v)) for r, v in t['difference (points)'].items()]
+        elif 'holds' in t.columns:   # a criterion over many numbers (paper 002): 1 where it holds, 0 where not
+            t = pd.read_csv(f); ids = list(t.columns[:list(t.columns).index('holds')])
+            out += [dict(experiment=f.parent.name, table=f.stem, row=finding_label(tuple(r[ids]) if len(ids) > 1 else r[ids[0]]),
+                         value=float(str(r['holds']).strip().lower() in ('true', '1', '1.0'))) for _, r in t.iterrows()]
     return pd.DataFrame(out)
 
 def pinned_build(root:Path, profile:str):
@@ -123,6 +132,9 @@ def main(argv=None)->int:
     llava = sorted((root/'data'/a.profile/'llava').glob('zoo-*/recipe.json'))
     seed0 = [p.parent.name.removeprefix('zoo-') for p in llava if 'seed' not in json.loads(p.read_text())['recipe']]
     if seed0 and any(e.startswith('40') for e in a.only): recipes['llava zoo'] = seed0[0]
+    if any(e.startswith(('20', '21')) for e in a.only):   # paper 002's zoo, as the last (pinned) build left it
+        from fusion_nb.robust.zoo import zoo_digest
+        recipes['robust zoo'] = zoo_digest(root, a.profile)
     header = (f"# build spread, profile {a.profile}: " + ', '.join(f"{k} recipe {v}" for k, v in recipes.items())
               + f" (seed 0 = the pins), training seeds {[0, *a.seeds]}; runs: " + '; '.join([*runs_before, this_run]) + "\n")
     out.write_text(header + table.to_csv(index=False))

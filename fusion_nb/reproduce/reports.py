@@ -19,8 +19,8 @@ import fusion_nb
 # %% auto #0
 __all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records', 'save_figure',
            'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread', 'spread_rows',
-           'judge_beyond_spread', 'beyond_spread', 'spread_zoo_differs', 'claims_beyond_spread', 'headline_numbers',
-           'write_report']
+           'judge_beyond_spread', 'beyond_spread', 'spread_zoo_differs', 'claims_beyond_spread', 'finding_label',
+           'verdicts_across_builds', 'headline_numbers', 'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #d3e31a10
 _CMP = ('reproduced', 'reported', 'difference')
@@ -209,6 +209,25 @@ def claims_beyond_spread(findings:pd.DataFrame, # per claim: `difference (points
                        said + (' (one seed; beyond the build spread)' if said != r['verdict'] else '')
         out.append(j)
     return findings.rename(columns={'verdict': 'verdict over seeds'}).join(pd.DataFrame(out, index=findings.index))
+
+# %% ../../nbs/reproduce/91_reports.ipynb #48078c03
+def finding_label(index)->str:
+    "A findings table's row name in the build spread file: its index levels joined by ' / ' (e.g. 'finding / dataset')."
+    return ' / '.join(map(str, index)) if isinstance(index, tuple) else str(index)
+
+def verdicts_across_builds(findings:pd.DataFrame, # per finding: `holds` (this run's verdict, bool)
+                           builds:pd.DataFrame, # `finding_label` → 1 where it held, 0 where not, in each build (`spread_rows(…, 'findings')`)
+                          )->pd.DataFrame:
+    "`findings` with the builds where each finding holds and a verdict that stands only where every build agrees with this run."
+    seeds, out = [c for c in builds.columns if str(c).startswith('seed')], []
+    for idx, r in findings.iterrows():
+        name = finding_label(idx)
+        if name not in builds.index: out.append({'verdict': 'build spread not measured'}); continue
+        held = builds.loc[name, seeds].astype(float)
+        agree = bool((held == float(bool(r['holds']))).all())
+        out.append({'builds where it holds': f"{int(held.sum())} of {len(held)}",
+                    'verdict': ('holds' if r['holds'] else 'does not hold') if agree else 'varies between builds'})
+    return findings.join(pd.DataFrame(out, index=findings.index))
 
 # %% ../../nbs/reproduce/91_reports.ipynb #ca7cc476
 HEADLINE_ROWS = {  # experiment → rows of its table.csv whose `Avg.` heads REPORT.md

@@ -23,7 +23,7 @@ from .models import adversarial_train, convnet, to_tensors
 # %% auto #0
 __all__ = ['STANDINS', 'PAPER_SIDE', 'STANDIN_RADIUS_SCALE', 'FINETUNE_LR_SCALE', 'standin_eps', 'standin_attacks', 'standin',
            'ModelSpec', 'model_name', 'zoo_specs', 'ZooBudget', 'zoo_dir', 'peak_lr', 'train_epochs', 'train_model',
-           'robust_zoo', 'load_zoo', 'checkpoint_sources', 'missing_checkpoints', 'load_checkpoints']
+           'robust_zoo', 'load_zoo', 'zoo_digest', 'checkpoint_sources', 'missing_checkpoints', 'load_checkpoints']
 
 # %% ../../nbs/robust/53_zoo.ipynb #f3d008d4
 STANDINS = {'cifar10': 10, 'imagenet': 12}  # paper 002's datasets → classes of the rendered stand-in (fusion_nb.tiny.tasks)
@@ -207,6 +207,13 @@ def load_zoo(folder:str|Path, # a folder `robust_zoo` wrote
     for n in names:
         m = convnet(man['width'], man['classes']); m.load_state_dict(load_file(str(folder/man['models'][n]['file']))); out[n] = m.eval()
     return out
+
+# %% ../../nbs/robust/53_zoo.ipynb #008957bf
+def zoo_digest(root:str|Path|None, profile:str)->str:
+    "Digest of the recipes of every model of a profile's CIFAR-10 and ImageNet zoos as built (16 hex digits); '' when none is built."
+    from fusion_nb.core import json_digest
+    built = {ds: {n: e.get('recipe') for n, e in _read_manifest(zoo_dir(root, profile, ds)).get('models', {}).items()} for ds in STANDINS}
+    return json_digest(built)[:16] if any(built.values()) else ''
 
 # %% ../../nbs/robust/53_zoo.ipynb #cc25c1a1
 def checkpoint_sources(value:str, # 'name=source name=source …' (a profile's robust_checkpoints_<dataset>)

@@ -21,3 +21,17 @@ def test_averages_and_claim_differences_of_one_build(tmp_path):
     got = _bench().averages(tmp_path).set_index(['experiment', 'table', 'row'])['value'].to_dict()
     assert got == {('04_x', 'table', 'TA'): 55.0, ('04_x', 'table', 'TIES'): 65.0,
                    ('30_y', 'findings', 'A beats B'): 1.5, ('30_y', 'findings', 'C beats D'): -0.25}
+
+def test_verdicts_of_criterion_findings_per_build(tmp_path):
+    "Paper 002's findings (a criterion, no difference): 1 where it holds, 0 where not, named as `verdicts_across_builds` reads them."
+    from fusion_nb.reproduce.reports import finding_label, verdicts_across_builds
+    (tmp_path/'20_x').mkdir(); (tmp_path/'21_y').mkdir()
+    f20 = pd.DataFrame({'holds': [True, False], 'evidence': ['3 of 6 fronts', '1 of 3']},
+                       index=pd.MultiIndex.from_tuples([('(a) trades', 'cifar10'), ('(a) trades', 'imagenet')], names=['finding', 'dataset']))
+    f20.to_csv(tmp_path/'20_x'/'findings.csv')
+    pd.DataFrame({'holds': [True], 'evidence': ['2 of 3 wins']}, index=pd.Index(['(c) specific soups win'], name='finding')).to_csv(tmp_path/'21_y'/'findings.csv')
+    got = _bench().averages(tmp_path).set_index(['experiment', 'table', 'row'])['value'].to_dict()
+    assert got == {('20_x', 'findings', '(a) trades / cifar10'): 1.0, ('20_x', 'findings', '(a) trades / imagenet'): 0.0,
+                   ('21_y', 'findings', '(c) specific soups win'): 1.0}
+    builds = pd.DataFrame({'seed 0': [1.0, 0.0], 'seed 1': [1.0, 1.0]}, index=[finding_label(i) for i in f20.index])
+    assert verdicts_across_builds(f20, builds)['verdict'].tolist() == ['holds', 'varies between builds']
