@@ -132,9 +132,9 @@ def main(argv=None)->int:
     llava = sorted((root/'data'/a.profile/'llava').glob('zoo-*/recipe.json'))
     seed0 = [p.parent.name.removeprefix('zoo-') for p in llava if 'seed' not in json.loads(p.read_text())['recipe']]
     if seed0 and any(e.startswith('40') for e in a.only): recipes['llava zoo'] = seed0[0]
-    if any(e.startswith(('20', '21')) for e in a.only):   # paper 002's zoo, as the last (pinned) build left it
+    if any(e.startswith(('20', '21')) for e in a.only):   # paper 002's zoo of seed 0: the one the pins hold
         from fusion_nb.robust.zoo import zoo_digest
-        recipes['robust zoo'] = zoo_digest(root, a.profile)
+        recipes['robust zoo'] = zoo_digest(root, a.profile, pinned=True)
     header = (f"# build spread, profile {a.profile}: " + ', '.join(f"{k} recipe {v}" for k, v in recipes.items())
               + f" (seed 0 = the pins), training seeds {[0, *a.seeds]}; runs: " + '; '.join([*runs_before, this_run]) + "\n")
     out.write_text(header + table.to_csv(index=False))

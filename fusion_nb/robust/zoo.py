@@ -209,11 +209,16 @@ def load_zoo(folder:str|Path, # a folder `robust_zoo` wrote
     return out
 
 # %% ../../nbs/robust/53_zoo.ipynb #008957bf
-def zoo_digest(root:str|Path|None, profile:str)->str:
-    "Digest of the recipes of every model of a profile's CIFAR-10 and ImageNet zoos as built (16 hex digits); '' when none is built."
-    from fusion_nb.core import json_digest
-    built = {ds: {n: e.get('recipe') for n, e in _read_manifest(zoo_dir(root, profile, ds)).get('models', {}).items()} for ds in STANDINS}
-    return json_digest(built)[:16] if any(built.values()) else ''
+def zoo_digest(root:str|Path|None, profile:str,
+               pinned:bool=False, # the zoo the checkout's pins hold (`<root>/pins`), not the one built under `data/`
+              )->str:
+    "Digest of the recipes of every model of a profile's CIFAR-10 and ImageNet zoos (16 hex digits); '' when there is none."
+    from fusion_nb.core import json_digest, read_pins
+    if pinned:
+        pins = read_pins(Path(root or project_root())/'pins')
+        recipes = {ds: {k.rsplit('/', 1)[1]: e.get('recipe') for k, e in pins.items() if k.startswith(f'{profile}/robust/{ds}/')} for ds in STANDINS}
+    else: recipes = {ds: {n: e.get('recipe') for n, e in _read_manifest(zoo_dir(root, profile, ds)).get('models', {}).items()} for ds in STANDINS}
+    return json_digest(recipes)[:16] if any(recipes.values()) else ''
 
 # %% ../../nbs/robust/53_zoo.ipynb #cc25c1a1
 def checkpoint_sources(value:str, # 'name=source name=source …' (a profile's robust_checkpoints_<dataset>)
