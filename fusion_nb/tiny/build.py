@@ -26,10 +26,10 @@ from .corruptions import corrupt_dataset
 import fusion_nb
 
 # %% auto #0
-__all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BUILD_THREADS', 'MICRO_POOL_TASKS',
-           'benchmark_dir', 'recipes', 'add_corrupted_splits', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir',
-           'read_manifest', 'changed_files', 'owners', 'zoo_provenance', 'build_threads', 'run_in_child', 'micro_pool',
-           'zoo_accuracy']
+__all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BENCHMARK_PARTS', 'BUILD_THREADS',
+           'MICRO_POOL_TASKS', 'benchmark_dir', 'recipes', 'add_corrupted_splits', 'benchmark_hashes',
+           'build_benchmark', 'verify_benchmark', 'hash_cache_dir', 'read_manifest', 'changed_files', 'owners',
+           'zoo_provenance', 'build_threads', 'run_in_child', 'micro_pool', 'zoo_accuracy']
 
 # %% ../../nbs/tiny/15_build.ipynb #3b65e732
 def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
@@ -100,6 +100,12 @@ def _library_bars(enabled:bool):
 # %% ../../nbs/tiny/15_build.ipynb #8fc74d96
 def _models(files:dict)->dict: return {f: h for f, h in files.items() if f.startswith('models/')}   # the zoo: one pinned item
 
+BENCHMARK_PARTS = ('datasets', 'models')   # what the benchmark owns of data/<scale>/; the zoos beside them (llava, robust, neulig_halves) keep their own manifests
+
+def benchmark_hashes(base:Path, cache_dir:str|Path|None=None)->dict:
+    "SHA-256 of the benchmark's own files (`BENCHMARK_PARTS`) by path relative to `base`."
+    return {f'{p}/{r}': h for p in BENCHMARK_PARTS for r, h in file_hashes(base/p, cache_dir).items()}
+
 def _check_datasets(base:Path, recipe:str, files:dict, log)->None:
     "Compare the datasets rendered here with the pinned build's hashes (kept when pinning); say which differ."
     data = {f: h for f, h in files.items() if f.startswith('datasets/')}
@@ -161,7 +167,7 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
         for t in tqdm(missing_experts, desc=f'experts ({scale})', disable=not progress):
             finetune_expert(clip_dir, t, base/'datasets'/t, expert_dirs[t], cfg, seed=train_seed, device=device, progress=progress)
         if missing_experts: timings['experts_s'] = round(time.time() - s, 1); built += missing_experts
-    files = {f: h for f, h in file_hashes(base, hash_cache_dir(root)).items() if f != 'manifest.json'}
+    files = benchmark_hashes(base, hash_cache_dir(root))
     if built: save_pin(base, 'models', rec['zoo'], _models(files))
     if missing_data or missing_corrupted: _check_datasets(base, f"{rec['data']}+{rec['corruptions']}", files, log)
     manifest = {'scale': scale, 'seed': seed, **({'train_seed': train_seed} if train_seed != seed else {}), 'threads': threads,
@@ -177,7 +183,7 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
 def verify_benchmark(scale:str='tiny', root:str|Path|None=None)->list[str]:
     "Files of the built benchmark whose content differs from the manifest (or are missing); empty when intact."
     base = benchmark_dir(scale, root)
-    files = read_manifest(scale, root).get('files', {})
+    files = {f: h for f, h in read_manifest(scale, root).get('files', {}).items() if f.split('/')[0] in BENCHMARK_PARTS}   # older manifests listed the zoos beside it
     return [f for f, h in files.items() if not (base/f).is_file() or _sha256(base/f) != h]   # no cache: the slow, sure check
 
 # %% ../../nbs/tiny/15_build.ipynb #5b577392
@@ -199,8 +205,9 @@ def read_manifest(scale:str='tiny', root:str|Path|None=None)->dict:
 # %% ../../nbs/tiny/15_build.ipynb #d3440641
 def changed_files(scale:str='tiny', root:str|Path|None=None)->list[str]:
     "Files of the built benchmark whose content differs from its manifest, or that are missing (empty: intact or not built)."
-    base, recorded = benchmark_dir(scale, root), read_manifest(scale, root).get('files', {})
-    now = file_hashes(base, hash_cache_dir(root)) if recorded else {}
+    base = benchmark_dir(scale, root)
+    recorded = {f: h for f, h in read_manifest(scale, root).get('files', {}).items() if f.split('/')[0] in BENCHMARK_PARTS}   # older manifests listed the zoos beside it
+    now = benchmark_hashes(base, hash_cache_dir(root)) if recorded else {}
     return sorted(f for f, h in recorded.items() if now.get(f) != h)
 
 # %% ../../nbs/tiny/15_build.ipynb #795480c7
