@@ -197,7 +197,7 @@ class FineTuneResult:
     cams:list|None = field(default=None, repr=False)   # `keep_cams`: per step, (training rows, CAM relevance) of the masks built in training
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #8ca7908e
-SPLIT_SEED = 0  # the validation images are fixed, whatever the run's seed (the authors fix their split)
+SPLIT_SEED = 0  # the validation images are fixed, whatever the run's seed, so every row is selected on the same images (the authors' run.sh draws them per seed)
 
 def _split(n:int, val_size:int)->tuple[Tensor, Tensor]:
     "(train, validation) indices: `val_size` images held out of `n` by a fixed seed (`SPLIT_SEED`), the same for every run."
@@ -300,6 +300,7 @@ def linear_probe(clip:CLIPModel, tokenizer, processor, # the pre-trained CLIP, i
                  steps:int=300, # full-batch AdamW steps (ours: the paper does not give LP-FT's)
                  lr:float=1e-3, weight_decay:float=0.,
                  batch_size:int=512, # images per forward pass while caching the features
+                 val_size:int=0, # the images `finetune_counterfactual` holds out of the same set for model selection (its `val_size`): not trained on
                  device=None)->Tensor:
     "[classes, D] head trained on the frozen encoder's features, started at the zero-shot head (LP of LP-FT)."
     check_range('steps', steps, 1); check_range('lr', lr, 0); check_range('weight_decay', weight_decay, 0)
@@ -307,6 +308,7 @@ def linear_probe(clip:CLIPModel, tokenizer, processor, # the pre-trained CLIP, i
     clip = clip.to(device).eval()
     zs = ZeroShotLogits(copy.deepcopy(clip.visual_projection), clip.logit_scale,
                         cached_zeroshot_head(clip, tokenizer, class_names, templates, device=device), trainable_head=True).to(device)
+    if val_size: train_dataset = train_dataset.select(_split(len(train_dataset), val_size)[0].tolist())   # LP-FT selects on those images
     y = torch.as_tensor(train_dataset['label']).to(device)
     with torch.no_grad(): pooled = torch.cat([clip.vision_model(pixel_values=dataset_pixels(processor, train_dataset, range(i, min(i + batch_size, len(y)))).to(device)).pooler_output
                                               for i in range(0, len(y), batch_size)])
