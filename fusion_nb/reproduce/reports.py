@@ -167,6 +167,7 @@ def judge_beyond_spread(here:float, # the difference a − b in this run
                         sign:int=1, # +1: the finding is a > b; -1: a < b
                        )->dict:
     "One finding against the build spread: the difference across builds, its spread (max − min), in how many it holds, and the verdict."
+    builds = builds.dropna()   # a build that did not measure it (a spread file with more seeds for other experiments)
     spread, d = float(builds.max() - builds.min()), sign * here
     return {'across builds': f"{builds.min():.1f} … {builds.max():.1f}", 'builds where it holds': f"{int((sign * builds > 0).sum())} of {len(builds)}",
             'build spread': spread, 'verdict': 'holds' if d > spread else 'reversed' if d < -spread else 'within the build spread'}
@@ -223,7 +224,7 @@ def verdicts_across_builds(findings:pd.DataFrame, # per finding: `holds` (this r
     for idx, r in findings.iterrows():
         name = finding_label(idx)
         if name not in builds.index: out.append({'verdict': 'build spread not measured'}); continue
-        held = builds.loc[name, seeds].astype(float)
+        held = builds.loc[name, seeds].astype(float).dropna()   # the builds that measured it
         agree = bool((held == float(bool(r['holds']))).all())
         out.append({'builds where it holds': f"{int(held.sum())} of {len(held)}",
                     'verdict': ('holds' if r['holds'] else 'does not hold') if agree else 'varies between builds'})
