@@ -106,6 +106,8 @@ def benchmark_hashes(base:Path, cache_dir:str|Path|None=None)->dict:
     "SHA-256 of the benchmark's own files (`BENCHMARK_PARTS`) by path relative to `base`."
     return {f'{p}/{r}': h for p in BENCHMARK_PARTS for r, h in file_hashes(base/p, cache_dir).items()}
 
+def _own(files:dict)->dict: return {f: h for f, h in files.items() if f.split('/')[0] in BENCHMARK_PARTS}   # older manifests listed the zoos beside it
+
 def _check_datasets(base:Path, recipe:str, files:dict, log)->None:
     "Compare the datasets rendered here with the pinned build's hashes (kept when pinning); say which differ."
     data = {f: h for f, h in files.items() if f.startswith('datasets/')}
@@ -183,7 +185,7 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
 def verify_benchmark(scale:str='tiny', root:str|Path|None=None)->list[str]:
     "Files of the built benchmark whose content differs from the manifest (or are missing); empty when intact."
     base = benchmark_dir(scale, root)
-    files = {f: h for f, h in read_manifest(scale, root).get('files', {}).items() if f.split('/')[0] in BENCHMARK_PARTS}   # older manifests listed the zoos beside it
+    files = _own(read_manifest(scale, root).get('files', {}))
     return [f for f, h in files.items() if not (base/f).is_file() or _sha256(base/f) != h]   # no cache: the slow, sure check
 
 # %% ../../nbs/tiny/15_build.ipynb #5b577392
@@ -206,7 +208,7 @@ def read_manifest(scale:str='tiny', root:str|Path|None=None)->dict:
 def changed_files(scale:str='tiny', root:str|Path|None=None)->list[str]:
     "Files of the built benchmark whose content differs from its manifest, or that are missing (empty: intact or not built)."
     base = benchmark_dir(scale, root)
-    recorded = {f: h for f, h in read_manifest(scale, root).get('files', {}).items() if f.split('/')[0] in BENCHMARK_PARTS}   # older manifests listed the zoos beside it
+    recorded = _own(read_manifest(scale, root).get('files', {}))
     now = benchmark_hashes(base, hash_cache_dir(root)) if recorded else {}
     return sorted(f for f, h in recorded.items() if now.get(f) != h)
 
