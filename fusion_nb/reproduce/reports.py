@@ -20,7 +20,7 @@ import fusion_nb
 __all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records', 'save_figure',
            'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread', 'spread_rows',
            'judge_beyond_spread', 'beyond_spread', 'spread_zoo_differs', 'claims_beyond_spread', 'finding_label',
-           'verdicts_across_builds', 'headline_numbers', 'write_report']
+           'verdicts_across_builds', 'judged_across_builds', 'headline_numbers', 'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #d3e31a10
 _CMP = ('reproduced', 'reported', 'difference')
@@ -229,6 +229,20 @@ def verdicts_across_builds(findings:pd.DataFrame, # per finding: `holds` (this r
         out.append({'builds where it holds': f"{int(held.sum())} of {len(held)}",
                     'verdict': ('holds' if r['holds'] else 'does not hold') if agree else 'varies between builds'})
     return findings.join(pd.DataFrame(out, index=findings.index))
+
+# %% ../../nbs/reproduce/91_reports.ipynb #0d6f5ece
+def judged_across_builds(findings:pd.DataFrame, # per finding: `holds` (an experiment's findings table)
+                         P, # the profile (its `root`, `name`)
+                         experiment:str, # e.g. '20_robust_fronts'
+                         zoo:str, # the zoo's name in the spread file's header, e.g. 'robust zoo'
+                         recipe:str, # the recipe digest of the zoo this run reads
+                        )->tuple[pd.DataFrame, str]:
+    "(`findings` judged across the builds of the spread file, or as they are when it has none; the words for the table's title)."
+    spread, recipes = load_build_spread(P.name, P.root)
+    builds = spread_rows(spread, experiment, 'findings')
+    if not len(builds): return findings, ''
+    other = recipes.get(zoo) != recipe
+    return verdicts_across_builds(findings, builds), '; verdicts across builds' + (f', measured on another {zoo}' if other else '')
 
 # %% ../../nbs/reproduce/91_reports.ipynb #ca7cc476
 HEADLINE_ROWS = {  # experiment → rows of its table.csv whose `Avg.` heads REPORT.md

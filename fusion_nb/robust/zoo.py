@@ -23,8 +23,7 @@ from .models import adversarial_train, convnet, to_tensors
 # %% auto #0
 __all__ = ['STANDINS', 'PAPER_SIDE', 'STANDIN_RADIUS_SCALE', 'FINETUNE_LR_SCALE', 'standin_eps', 'standin_attacks', 'standin',
            'ModelSpec', 'model_name', 'zoo_specs', 'ZooBudget', 'zoo_dir', 'peak_lr', 'train_epochs', 'train_model',
-           'robust_zoo', 'load_zoo', 'zoo_digest', 'judged_across_builds', 'checkpoint_sources', 'missing_checkpoints',
-           'load_checkpoints']
+           'robust_zoo', 'load_zoo', 'zoo_digest', 'checkpoint_sources', 'missing_checkpoints', 'load_checkpoints']
 
 # %% ../../nbs/robust/53_zoo.ipynb #f3d008d4
 STANDINS = {'cifar10': 10, 'imagenet': 12}  # paper 002's datasets → classes of the rendered stand-in (fusion_nb.tiny.tasks)
@@ -220,19 +219,6 @@ def zoo_digest(root:str|Path|None, profile:str,
         recipes = {ds: {k.rsplit('/', 1)[1]: e.get('recipe') for k, e in pins.items() if k.startswith(f'{profile}/robust/{ds}/')} for ds in STANDINS}
     else: recipes = {ds: {n: e.get('recipe') for n, e in _read_manifest(zoo_dir(root, profile, ds)).get('models', {}).items()} for ds in STANDINS}
     return json_digest(recipes)[:16] if any(recipes.values()) else ''
-
-# %% ../../nbs/robust/53_zoo.ipynb #3bbb4ee5
-def judged_across_builds(findings, # per finding: `holds` (an experiment's findings table)
-                         P, # the profile (its `root`, `name`)
-                         experiment:str, # e.g. '20_robust_fronts'
-                        )->tuple:
-    "(`findings` judged across the builds of the spread file, or as they are when it has none; the words for the table's title)."
-    from fusion_nb.reproduce.reports import load_build_spread, spread_rows, verdicts_across_builds
-    spread, recipes = load_build_spread(P.name, P.root)
-    builds = spread_rows(spread, experiment, 'findings')
-    if not len(builds): return findings, ''
-    other = recipes.get('robust zoo') != zoo_digest(P.root, P.name)
-    return verdicts_across_builds(findings, builds), '; verdicts across builds' + (', measured on another robust zoo' if other else '')
 
 # %% ../../nbs/robust/53_zoo.ipynb #cc25c1a1
 def checkpoint_sources(value:str, # 'name=source name=source …' (a profile's robust_checkpoints_<dataset>)
