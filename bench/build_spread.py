@@ -51,11 +51,11 @@ def averages(output:Path)->pd.DataFrame:
                 v = pd.to_numeric(pd.Series([r[c]]), errors='coerce').iloc[0]
                 if pd.notna(v): out.append(dict(experiment=f.parent.name, table=f.stem, row=f'{name} · {c}', value=float(v)))
     for f in sorted(output.glob('*/findings*.csv')):
-        t = pd.read_csv(f, index_col=0)
-        if 'difference (points)' in t.columns:   # a paper's claims, each a difference in points (papers 001 and 003)
-            out += [dict(experiment=f.parent.name, table=f.stem, row=str(r), value=float(v)) for r, v in t['difference (points)'].items()]
+        t = pd.read_csv(f)
+        if 'difference (points)' in t.columns:   # a paper's claims, each a difference in points (papers 001 and 003), named by the first column
+            out += [dict(experiment=f.parent.name, table=f.stem, row=str(r), value=float(v)) for r, v in zip(t.iloc[:, 0], t['difference (points)'])]
         elif 'holds' in t.columns:   # a criterion over many numbers (paper 002): 1 where it holds, 0 where not
-            t = pd.read_csv(f); ids = list(t.columns[:list(t.columns).index('holds')])
+            ids = list(t.columns[:list(t.columns).index('holds')])
             out += [dict(experiment=f.parent.name, table=f.stem, row=finding_label(tuple(r[ids]) if len(ids) > 1 else r[ids[0]]),
                          value=float(str(r['holds']).strip().lower() in ('true', '1', '1.0'))) for _, r in t.iterrows()]
     return pd.DataFrame(out)
