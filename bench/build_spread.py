@@ -84,11 +84,13 @@ def main(argv=None)->int:
     ap.add_argument('--papermill', action='store_true', help="run the notebooks with papermill, not `fusion-nb reproduce`: for experiments "
                     "that build their own zoo (40), the benchmark's is then not retrained for each seed")
     a = ap.parse_args(argv)
+    if 0 in a.seeds: ap.error('seed 0 is the pinned build, always included')
+    if 'FUSION_NB_BUILD_THREADS' in os.environ:   # the thread count is part of the zoo's recipe: seed 0 would be trained, not the pins
+        ap.error('unset FUSION_NB_BUILD_THREADS: it changes the zoo recipe, so seed 0 would not be the pinned build')
     import tempfile
     root = a.root or fresh_copy(Path(tempfile.mkdtemp(prefix='build-spread-')))
     print(f"copy: {root}", flush=True)
     runs, total = {}, 0.0
-    if 0 in a.seeds: ap.error('seed 0 is the pinned build, always included')
     if a.papermill:   # the pinned benchmark, once
         pinned_build(root, a.profile)
         notebooks = [n for n in sorted((root/'nbs'/'experiments').glob('*.ipynb')) if any(n.stem.startswith(o) for o in a.only)]

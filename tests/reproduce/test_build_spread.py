@@ -35,3 +35,9 @@ def test_verdicts_of_criterion_findings_per_build(tmp_path):
                    ('21_y', 'findings', '(c) specific soups win'): 1.0}
     builds = pd.DataFrame({'seed 0': [1.0, 0.0], 'seed 1': [1.0, 1.0]}, index=[finding_label(i) for i in f20.index])
     assert verdicts_across_builds(f20, builds)['verdict'].tolist() == ['holds', 'varies between builds']
+
+def test_a_build_thread_count_is_refused(monkeypatch):
+    "FUSION_NB_BUILD_THREADS changes the zoo's recipe: seed 0 would then be trained anew, not the pinned build the file says it is."
+    import pytest
+    monkeypatch.setenv('FUSION_NB_BUILD_THREADS', '1')
+    with pytest.raises(SystemExit): _bench().main(['--only', '30'])
