@@ -115,6 +115,10 @@ def main(argv=None)->int:
         print(f"seed {s}: {wall:.0f} s", flush=True)
     if a.reuse and not a.papermill: pinned_build(root, a.profile)   # seed 0's outputs may have been read, not built
     manifest = json.loads((root/'data'/a.profile/'manifest.json').read_text())   # the last build: seed 0, the pinned one
+    from fusion_nb.core import read_pins
+    pinned = read_pins(root/'pins').get(f'{a.profile}/models', {}).get('recipe')
+    if pinned and manifest['recipes']['zoo'] != pinned:   # whatever changed the recipe (a setting, the code): the file says seed 0 = the pins
+        print(f"seed 0's zoo (recipe {manifest['recipes']['zoo'][:12]}) is not the pinned one ({pinned[:12]}): nothing written"); return 1
     table = spread_table(runs)
     out = a.out or REPO/'data'/'paper_values'/f'build_spread_{a.profile}.csv'
     this_run = (f"python bench/build_spread.py --profile {a.profile} --only {' '.join(a.only)} --seeds {' '.join(map(str, a.seeds))}{' --papermill' if a.papermill else ''} "
