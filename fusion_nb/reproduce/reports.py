@@ -19,8 +19,9 @@ import fusion_nb
 # %% auto #0
 __all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records', 'save_figure',
            'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread', 'spread_rows',
-           'judge_beyond_spread', 'beyond_spread', 'spread_zoo_differs', 'claims_beyond_spread', 'finding_label',
-           'verdicts_across_builds', 'judged_across_builds', 'headline_numbers', 'write_report']
+           'same_as_seed0', 'note_seed0', 'judge_beyond_spread', 'beyond_spread', 'spread_zoo_differs',
+           'claims_beyond_spread', 'finding_label', 'verdicts_across_builds', 'judged_across_builds',
+           'headline_numbers', 'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #d3e31a10
 _CMP = ('reproduced', 'reported', 'difference')
@@ -161,6 +162,23 @@ def spread_rows(spread:pd.DataFrame, # `load_build_spread`'s table
     return spread.xs((experiment, table), level=('experiment', 'table'))
 
 
+# %% ../../nbs/reproduce/91_reports.ipynb #00575322
+def same_as_seed0(here:float, # a value of this run
+                  builds:pd.Series, # the same value in each build (`seed 0` first)
+                 )->bool:
+    "Whether this run's value is the spread file's `seed 0` (two decimals, as the file keeps them); False where seed 0 was not measured."
+    s0 = builds.get('seed 0', float('nan'))
+    return bool(pd.notna(s0) and pd.notna(here) and abs(round(float(here), 2) - float(s0)) < 1e-6)
+
+def note_seed0(judged:pd.DataFrame, # a judged findings table (its `seed 0 is this run` column)
+               experiment:str, # e.g. '30_masked_images'
+              )->int:
+    "Print what to rerun when some rows' seed 0 is not this run; the number of such rows."
+    n = int((judged.get('seed 0 is this run', pd.Series(dtype=bool)) == False).sum())
+    if n: print(f"{experiment}: {n} of {len(judged)} findings differ from the build spread's seed 0 (the pinned build it measured): the spread "
+                f"was measured on another version of this experiment, its zoo or its numerics; rerun bench/build_spread.py --only {experiment[:2]}")
+    return n
+
 # %% ../../nbs/reproduce/91_reports.ipynb #501a6386
 def judge_beyond_spread(here:float, # the difference a − b in this run
                         builds:pd.Series, # the same difference in each build
@@ -182,7 +200,8 @@ def beyond_spread(here:Mapping[str, float], # row → its value in this run
     for a, b in comparisons:
         row = {'finding': f'{a} > {b}', 'difference here': here[a] - here[b]}
         if a not in builds.index or b not in builds.index: out.append(row | {'verdict': 'build spread not measured'}); continue
-        out.append(row | judge_beyond_spread(row['difference here'], builds.loc[a, seeds] - builds.loc[b, seeds]))
+        same = same_as_seed0(here[a], builds.loc[a, seeds]) and same_as_seed0(here[b], builds.loc[b, seeds])
+        out.append(row | judge_beyond_spread(row['difference here'], builds.loc[a, seeds] - builds.loc[b, seeds]) | {'seed 0 is this run': same})
     return pd.DataFrame(out).set_index('finding')
 
 
@@ -208,7 +227,7 @@ def claims_beyond_spread(findings:pd.DataFrame, # per claim: `difference (points
         agree = {'holds': 'holds', 'does not hold': 'reversed'}.get(said)   # the seeds' verdict, as the builds would say it
         j['verdict'] = r['verdict'] if agree is None else 'within the build spread' if j['verdict'] != agree else \
                        said + (' (one seed; beyond the build spread)' if said != r['verdict'] else '')
-        out.append(j)
+        out.append(j | {'seed 0 is this run': same_as_seed0(r['difference (points)'], builds.loc[claim, seeds])})
     return findings.rename(columns={'verdict': 'verdict over seeds'}).join(pd.DataFrame(out, index=findings.index))
 
 # %% ../../nbs/reproduce/91_reports.ipynb #48078c03
@@ -227,7 +246,8 @@ def verdicts_across_builds(findings:pd.DataFrame, # per finding: `holds` (this r
         held = builds.loc[name, seeds].astype(float).dropna()   # the builds that measured it
         agree = bool((held == float(bool(r['holds']))).all())
         out.append({'builds where it holds': f"{int(held.sum())} of {len(held)}",
-                    'verdict': ('holds' if r['holds'] else 'does not hold') if agree else 'varies between builds'})
+                    'verdict': ('holds' if r['holds'] else 'does not hold') if agree else 'varies between builds',
+                    'seed 0 is this run': same_as_seed0(float(bool(r['holds'])), builds.loc[name, seeds])})
     return findings.join(pd.DataFrame(out, index=findings.index))
 
 # %% ../../nbs/reproduce/91_reports.ipynb #0d6f5ece
@@ -241,8 +261,9 @@ def judged_across_builds(findings:pd.DataFrame, # per finding: `holds` (an exper
     spread, recipes = load_build_spread(P.name, P.root)
     builds = spread_rows(spread, experiment, 'findings')
     if not len(builds): return findings, ''
-    other = recipes.get(zoo) != recipe
-    return verdicts_across_builds(findings, builds), '; verdicts across builds' + (f', measured on another {zoo}' if other else '')
+    other, judged = recipes.get(zoo) != recipe, verdicts_across_builds(findings, builds)
+    stale = note_seed0(judged, experiment)
+    return judged, '; verdicts across builds' + (f', measured on another {zoo}' if other else '') + (f'; seed 0 is not this run in {stale}' if stale else '')
 
 # %% ../../nbs/reproduce/91_reports.ipynb #ca7cc476
 HEADLINE_ROWS = {  # experiment → rows of its table.csv whose `Avg.` heads REPORT.md
