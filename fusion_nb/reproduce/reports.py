@@ -172,12 +172,12 @@ def same_as_seed0(here:float, # a value of this run
 
 def note_seed0(judged:pd.DataFrame, # a judged findings table (its `seed 0 is this run` column)
                experiment:str, # e.g. '30_masked_images'
-              )->int:
-    "Print what to rerun when some rows' seed 0 is not this run; the number of such rows."
+              )->str:
+    "Print what to rerun when some rows' seed 0 is not this run; the words for the table's title ('' when none)."
     n = int((judged.get('seed 0 is this run', pd.Series(dtype=bool)) == False).sum())
     if n: print(f"{experiment}: {n} of {len(judged)} findings differ from the build spread's seed 0 (the pinned build it measured): the spread "
                 f"was measured on another version of this experiment, its zoo or its numerics; rerun bench/build_spread.py --only {experiment[:2]}")
-    return n
+    return f'; seed 0 is not this run in {n} of {len(judged)} rows' if n else ''
 
 # %% ../../nbs/reproduce/91_reports.ipynb #501a6386
 def judge_beyond_spread(here:float, # the difference a − b in this run
@@ -262,8 +262,7 @@ def judged_across_builds(findings:pd.DataFrame, # per finding: `holds` (an exper
     builds = spread_rows(spread, experiment, 'findings')
     if not len(builds): return findings, ''
     other, judged = recipes.get(zoo) != recipe, verdicts_across_builds(findings, builds)
-    stale = note_seed0(judged, experiment)
-    return judged, '; verdicts across builds' + (f', measured on another {zoo}' if other else '') + (f'; seed 0 is not this run in {stale}' if stale else '')
+    return judged, '; verdicts across builds' + (f', measured on another {zoo}' if other else '') + note_seed0(judged, experiment)
 
 # %% ../../nbs/reproduce/91_reports.ipynb #ca7cc476
 HEADLINE_ROWS = {  # experiment → rows of its table.csv whose `Avg.` heads REPORT.md
