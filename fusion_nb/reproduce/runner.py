@@ -411,7 +411,11 @@ def run_jobs(jobs:Mapping[str, dict], profile:Profile, output_root:str|Path|None
         return run_on_ray(jobs, profile, output_root, force, address, log)
     if address: raise FusionError(f"--address is for the ray backend; the {backend!r} backend runs here")
     n = local_slots(profile, at_once)
-    threads = None if n == 1 or os.environ.get('OMP_NUM_THREADS') else max(1, int(profile.cpus_per_experiment))
+    # the profile's threads also when one at a time: torch's default is the machine's cores, and NeuLig's semi-supervised
+    # training (experiment 10) gives other numbers with 2 threads than with 1 — the same numbers everywhere need one count
+    import torch
+    dev = str(profile.device or 'auto').lower(); cpu = dev == 'cpu' or (dev == 'auto' and not torch.cuda.is_available())
+    threads = None if not cpu or os.environ.get('OMP_NUM_THREADS') else max(1, int(profile.cpus_per_experiment))
     if n > 1 and len(jobs) > 1:
         log(f"running up to {n} experiments at once, {f'{threads} torch thread(s)' if threads else 'OMP_NUM_THREADS=' + os.environ['OMP_NUM_THREADS']} each (--jobs)")
     return run_local(jobs, profile, output_root, force, progress, log, n, threads)

@@ -460,3 +460,15 @@ def test_experiments_run_side_by_side_one_thread_each(project, tmp_path, monkeyp
     assert run(project, jobs=2)[0] == {'00_a': 'skipped', '01_b': 'skipped'}   # up to date, found before any slot is taken
     bad = cli(project, 'reproduce', '--profile', 'demo', '--jobs', '0')
     assert bad.returncode == 2 and 'jobs = 0: expected a whole number ≥ 1' in bad.stderr
+
+def test_one_at_a_time_keeps_the_profiles_threads(project, monkeypatch):
+    """`--jobs 1` runs each kernel with the profile's `cpus_per_experiment` torch threads (1 here), not torch's default (the machine's
+    cores): a thread count changes some experiments' numbers (experiment 10's semi-supervised NeuLig), so the machine must not pick it."""
+    exp = project/'nbs'/'experiments'
+    for f in exp.iterdir(): f.unlink()
+    write_nb(exp/'00_a.ipynb', "import os\nfrom pathlib import Path\nPath(output_dir, 'threads.txt').write_text(os.environ.get('OMP_NUM_THREADS', 'unset'))\n")
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    status, log = run(project, jobs=1)
+    assert status == {'00_a': 'ok'}, log
+    out = project/'outputs'/'demo'/'00_a'
+    assert (out/'threads.txt').read_text() == '1' and json.loads((out/'inputs.json').read_text())['torch_threads'] == 1
