@@ -96,6 +96,9 @@ def main(argv=None)->int:
         notebooks = [n for n in sorted((root/'nbs'/'experiments').glob('*.ipynb')) if any(n.stem.startswith(o) for o in a.only)]
     for s in [*a.seeds, 0]:   # the pinned build last: the copy is left as the checkout builds it
         env = env_for(root); env.pop('FUSION_NB_BUILD_SEED', None)
+        if a.papermill and 'OMP_NUM_THREADS' not in env:   # the runner's threads (the profile's cpus_per_experiment), not torch's default
+            from fusion_nb.reproduce.profiles import load_profile
+            env['OMP_NUM_THREADS'] = str(max(1, int(load_profile(a.profile, root/'settings.ini').cpus_per_experiment)))
         if s: env['FUSION_NB_BUILD_SEED'] = str(s)
         output = root/'spread'/f'seed{s}'
         if a.reuse and (output/a.profile).is_dir():   # the seconds its notebooks recorded
