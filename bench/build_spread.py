@@ -94,11 +94,12 @@ def main(argv=None)->int:
     if a.papermill:   # the pinned benchmark, once
         pinned_build(root, a.profile)
         notebooks = [n for n in sorted((root/'nbs'/'experiments').glob('*.ipynb')) if any(n.stem.startswith(o) for o in a.only)]
+    threads = None   # `fusion-nb reproduce` gives its kernels the profile's threads; papermill needs them set, or torch takes the machine's cores
+    if a.papermill and 'OMP_NUM_THREADS' not in os.environ:
+        from fusion_nb.reproduce.profiles import load_profile
+        threads = max(1, int(load_profile(a.profile, root/'settings.ini').cpus_per_experiment))
     for s in [*a.seeds, 0]:   # the pinned build last: the copy is left as the checkout builds it
-        env = env_for(root); env.pop('FUSION_NB_BUILD_SEED', None)
-        if a.papermill and 'OMP_NUM_THREADS' not in env:   # the runner's threads (the profile's cpus_per_experiment), not torch's default
-            from fusion_nb.reproduce.profiles import load_profile
-            env['OMP_NUM_THREADS'] = str(max(1, int(load_profile(a.profile, root/'settings.ini').cpus_per_experiment)))
+        env = env_for(root, threads); env.pop('FUSION_NB_BUILD_SEED', None)
         if s: env['FUSION_NB_BUILD_SEED'] = str(s)
         output = root/'spread'/f'seed{s}'
         if a.reuse and (output/a.profile).is_dir():   # the seconds its notebooks recorded
