@@ -14,12 +14,12 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['PROGRESS_MODES', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError',
+__all__ = ['COMPUTE_ENV', 'PROGRESS_MODES', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError',
            'HyperparameterError', 'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype',
-           'current_umask', 'honour_umask', 'remove_stale_temps', 'atomic_write', 'atomic_write_text', 'atomic_dir',
-           'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'build_seed', 'read_pins', 'restore_pin', 'save_pin',
-           'pinned_differences', 'cached_builds', 'progress_mode', 'heartbeat', 'project_root', 'check_known_keys',
-           'json_digest', 'code_digest']
+           'compute_env', 'current_umask', 'honour_umask', 'remove_stale_temps', 'atomic_write', 'atomic_write_text',
+           'atomic_dir', 'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'build_seed', 'read_pins', 'restore_pin',
+           'save_pin', 'pinned_differences', 'cached_builds', 'progress_mode', 'heartbeat', 'project_root',
+           'check_known_keys', 'json_digest', 'code_digest']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -122,6 +122,18 @@ def get_dtype(dtype:str|torch.dtype|None=None)->torch.dtype:
     if isinstance(dtype, torch.dtype): return dtype
     try: return _DTYPES[str(dtype).lower().removeprefix('torch.')]
     except KeyError: raise UnknownNameError(f"unknown dtype {dtype!r}. Known: {', '.join(sorted(_DTYPES))}") from None
+
+# %% ../nbs/00_core.ipynb #dd61f349
+COMPUTE_ENV = {'OMP_WAIT_POLICY': 'PASSIVE', # OpenMP threads sleep, not spin, while waiting
+               'MALLOC_MMAP_THRESHOLD_': str(32 << 20), # glibc: blocks up to 32 MiB (its maximum) from the heap, not fresh mappings
+               'MALLOC_TRIM_THRESHOLD_': str(4 << 30), # glibc: freed heap memory kept for the next batch, not given back
+              }
+
+def compute_env(env:Mapping|None=None, # the child's environment (default: this process's)
+               )->dict:
+    "`env` with `COMPUTE_ENV`'s settings where it sets none: for a child process that computes with torch (same results)."
+    return {**COMPUTE_ENV, **(os.environ if env is None else env)}
+
 
 # %% ../nbs/00_core.ipynb #37cdcd81
 _UMASK_LOCK = threading.Lock()

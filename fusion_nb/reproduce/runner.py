@@ -10,7 +10,7 @@ import ast, contextlib, datetime, itertools, json, os, re, sys, threading, time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..core import (PROGRESS_MODES, FusionError, HyperparameterError, UnknownNameError, atomic_dir, atomic_write_text, file_hashes,
+from ..core import (PROGRESS_MODES, FusionError, HyperparameterError, UnknownNameError, COMPUTE_ENV, atomic_dir, atomic_write_text, compute_env, file_hashes,
                             heartbeat, progress_mode, remove_stale_temps)
 from .profiles import (SWEEPS, Profile, experiments_dir, list_experiments, load_profile, prepare, profile_experiments,
                                           resolved_revisions, select_experiments)
@@ -221,9 +221,9 @@ def run_experiment(name:str, # experiment (notebook stem)
     t0 = time.time()   # a bar over the cells in a terminal; in a log, a line a minute
     mode = progress if progress in PROGRESS_MODES else progress_mode(progress)
     # the kernel imports the fusion_nb whose sources `package_hash` fingerprinted, not another install;
-    # OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep, not spin, on a busy machine (same results)
-    env = {**os.environ, 'FUSION_NB_ROOT': str(profile.root), 'PYTHONPATH': _kernel_pythonpath(),
-           'OMP_WAIT_POLICY': os.environ.get('OMP_WAIT_POLICY', 'PASSIVE'), **({'OMP_NUM_THREADS': str(threads)} if threads else {})}
+    # compute_env: OpenMP threads that sleep, glibc's heap kept between batches (fusion_nb.core; same results)
+    env = compute_env({**os.environ, 'FUSION_NB_ROOT': str(profile.root), 'PYTHONPATH': _kernel_pythonpath(),
+                       **({'OMP_NUM_THREADS': str(threads)} if threads else {})})
     kernels, runs = [], runs if runs is not None else Runs()
     runs.kernels.append(kernels)
     try:
@@ -311,7 +311,7 @@ def run_local(jobs:Mapping[str, dict], # label → keyword arguments of `run_exp
 
 # %% ../../nbs/reproduce/92_runner.ipynb #9a1141f6
 _PASSED_ENV = ('FUSION_NB_ROOT', 'HF_HOME', 'HF_HUB_CACHE', 'HF_DATASETS_CACHE', 'HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE',
-               'HF_ENDPOINT', 'OMP_NUM_THREADS', 'OMP_WAIT_POLICY', 'FUSION_NB_BUILD_THREADS')
+               'HF_ENDPOINT', 'OMP_NUM_THREADS', 'FUSION_NB_BUILD_THREADS', *COMPUTE_ENV)   # a user's own compute_env values too
 
 def _ray_task(job:dict, profile:Profile, output_root, force:bool, env:dict)->tuple[str, list[str]]:
     "Body of one Ray task: `run_experiment` in the worker; returns its status and log lines."

@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core import (FusionError, HyperparameterError, atomic_write_text, build_seed, code_digest, file_hashes, get_device,
+from ..core import (FusionError, HyperparameterError, atomic_write_text, build_seed, code_digest, compute_env, file_hashes, get_device,
                             json_digest, pinned_differences, project_root, restore_pin, save_pin)
 from ..catalog import templates_for
 from .tasks import EIGHT_TASKS, SCALES, TASKS, build_datasets, vocabulary
@@ -251,10 +251,9 @@ def run_in_child(target:str, # 'module:function' that builds, called with `kwarg
                  kwargs:dict, log, # its keyword arguments (JSON); where the child's output lines go
                  what:str, # what is built, for the error message
                 )->None:
-    "Call `target(**kwargs)` in a fresh Python with `OMP_WAIT_POLICY=PASSIVE` (same bytes; no spinning under load)."
+    "Call `target(**kwargs)` in a fresh Python under `compute_env` (`OMP_WAIT_POLICY=PASSIVE`: same bytes, no spinning under load)."
     pkg = str(Path(fusion_nb.__file__).resolve().parents[1])   # the child imports this very fusion_nb
-    env = {**os.environ, _CHILD: '1', 'PYTHONPATH': os.pathsep.join(filter(None, [pkg, os.environ.get('PYTHONPATH')]))}
-    env.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+    env = compute_env({**os.environ, _CHILD: '1', 'PYTHONPATH': os.pathsep.join(filter(None, [pkg, os.environ.get('PYTHONPATH')]))})
     module, fn = target.split(':')
     code = f"import json, sys; from {module} import {fn}; {fn}(**json.loads(sys.argv[1]))"
     p = subprocess.Popen([sys.executable, '-c', code, json.dumps(kwargs)], env=env, stdout=subprocess.PIPE, text=True)

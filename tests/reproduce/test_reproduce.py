@@ -472,3 +472,19 @@ def test_one_at_a_time_keeps_the_profiles_threads(project, monkeypatch):
     assert status == {'00_a': 'ok'}, log
     out = project/'outputs'/'demo'/'00_a'
     assert (out/'threads.txt').read_text() == '1' and json.loads((out/'inputs.json').read_text())['torch_threads'] == 1
+
+def test_kernels_compute_under_compute_env(project, monkeypatch):
+    """An experiment's kernel starts with `fusion_nb.core.compute_env`'s settings (glibc's heap kept between batches, OpenMP threads
+    that sleep), and a user's own value of one of them wins."""
+    from fusion_nb.core import COMPUTE_ENV
+    exp = project/'nbs'/'experiments'
+    for f in exp.iterdir(): f.unlink()
+    names = sorted(COMPUTE_ENV)
+    write_nb(exp/'00_a.ipynb', "import json, os\nfrom pathlib import Path\n"
+             f"Path(output_dir, 'env.json').write_text(json.dumps({{k: os.environ.get(k) for k in {names!r}}}))\n")
+    for k in names: monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv('OMP_WAIT_POLICY', 'ACTIVE')
+    status, log = run(project, jobs=1)
+    assert status == {'00_a': 'ok'}, log
+    seen = json.loads((project/'outputs'/'demo'/'00_a'/'env.json').read_text())
+    assert seen == {**COMPUTE_ENV, 'OMP_WAIT_POLICY': 'ACTIVE'}
