@@ -28,7 +28,9 @@ def cli(root:Path, *args:str, output_root:Path|None=None)->list[str]:
             *(['--output-root', str(output_root)] if output_root else [])]
 
 def env_for(root:Path, threads:int|None=None)->dict:
-    env = {**os.environ, 'FUSION_NB_ROOT': str(root), 'PYTHONPATH': str(root), 'FUSION_NB_PROGRESS': 'lines',
+    "The environment a run on `root` computes in: offline, log lines, the runner's `compute_env` (also for notebooks run here by papermill)."
+    from fusion_nb.core import compute_env
+    env = {**compute_env(), 'FUSION_NB_ROOT': str(root), 'PYTHONPATH': str(root), 'FUSION_NB_PROGRESS': 'lines',
            'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1'}
     if threads: env['OMP_NUM_THREADS'] = str(threads)
     return env

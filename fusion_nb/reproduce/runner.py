@@ -22,9 +22,9 @@ import fusion_nb
 # %% auto #0
 __all__ = ['BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiment_title', 'Runs', 'why_rerun', 'foreign_files',
            'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
-           'run_experiment', 'ray_module', 'local_slots', 'run_local', 'check_ray_address', 'run_on_ray', 'run_jobs',
-           'check_backend', 'writable_profile_dir', 'prepare_logged', 'reproduce', 'sweep_points', 'point_name',
-           'merge_sweep', 'sweep']
+           'run_experiment', 'ray_module', 'computes_on_cpu', 'local_slots', 'run_local', 'check_ray_address',
+           'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'prepare_logged', 'reproduce',
+           'sweep_points', 'point_name', 'merge_sweep', 'sweep']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #ccf9d496
 def experiment_title(nb_path:str|Path)->str:
@@ -271,10 +271,17 @@ def ray_module():
     return ray
 
 # %% ../../nbs/reproduce/92_runner.ipynb #80a80bd9
+def computes_on_cpu(profile:Profile)->bool:
+    "Whether the profile's experiments compute on this machine's CPU: `device` 'cpu', or 'auto' (the default) without CUDA."
+    dev = str(profile.device or 'auto').lower()
+    if dev != 'auto': return dev == 'cpu'
+    import torch   # only for 'auto': the command line starts without it
+    return not torch.cuda.is_available()
+
 def local_slots(profile:Profile, # the profile about to run
                 jobs:int|None=None, # asked for (`--jobs`); default: from the cores and the profile
                )->int:
-    "Experiments the local backend runs at the same time: `jobs` (else `$FUSION_NB_JOBS`), else cores available ÷ `cpus_per_experiment` on a CPU profile, else 1."
+    "Experiments the local backend runs at the same time: `jobs` (else `$FUSION_NB_JOBS`), else cores available ÷ `cpus_per_experiment` when it computes on the CPU, else 1."
     if jobs is None and os.environ.get('FUSION_NB_JOBS', '').strip():   # `make test`: xdist's workers already fill the cores
         v = os.environ['FUSION_NB_JOBS'].strip()
         if not v.isdigit() or int(v) < 1: raise HyperparameterError(f"FUSION_NB_JOBS={v!r}: expected a whole number ≥ 1")
@@ -282,7 +289,7 @@ def local_slots(profile:Profile, # the profile about to run
     if jobs is not None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1: raise HyperparameterError(f"jobs = {jobs!r}: expected a whole number ≥ 1")
         return jobs
-    if str(profile.device or 'cpu').lower() != 'cpu': return 1
+    if not computes_on_cpu(profile): return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
     return max(1, int(cores // max(1, profile.cpus_per_experiment)))
 
@@ -413,9 +420,7 @@ def run_jobs(jobs:Mapping[str, dict], profile:Profile, output_root:str|Path|None
     n = local_slots(profile, at_once)
     # the profile's threads also when one at a time: torch's default is the machine's cores, and NeuLig's semi-supervised
     # training (experiment 10) gives other numbers with 2 threads than with 1 — the same numbers everywhere need one count
-    import torch
-    dev = str(profile.device or 'auto').lower(); cpu = dev == 'cpu' or (dev == 'auto' and not torch.cuda.is_available())
-    threads = None if not cpu or os.environ.get('OMP_NUM_THREADS') else max(1, int(profile.cpus_per_experiment))
+    threads = None if not computes_on_cpu(profile) or os.environ.get('OMP_NUM_THREADS') else max(1, int(profile.cpus_per_experiment))
     if n > 1 and len(jobs) > 1:
         log(f"running up to {n} experiments at once, {f'{threads} torch thread(s)' if threads else 'OMP_NUM_THREADS=' + os.environ['OMP_NUM_THREADS']} each (--jobs)")
     return run_local(jobs, profile, output_root, force, progress, log, n, threads)
