@@ -3,6 +3,7 @@
 
     python bench/compute_env.py                # 3 rounds of each workload, in fresh processes, plain and under compute_env
     python bench/compute_env.py --rounds 5 --only soups
+    python bench/compute_env.py --notebook 21_robust_shifts --root R   # a whole experiment, plain and tuned side by side
 
 Every experiment's kernel starts under `compute_env`: glibc's large freed blocks kept in the heap (`MALLOC_MMAP_THRESHOLD_`,
 `MALLOC_TRIM_THRESHOLD_`) and OpenMP threads that sleep. glibc's default hands every large freed block back to the system,
@@ -13,6 +14,11 @@ spends its time in, each run in a fresh Python (the allocator reads its settings
 - soups: experiment 21's inner loop, the robust ConvNet's soups evaluated clean on the 4,025 adapt images of the shifts;
 - attack: experiment 20's inner loop, APGD (20 steps) in the three threat models on 300 test images, two soups;
 - clip: the tiny CLIP's vision tower, forward and backward on 1,024 images in batches of 128 (test-time adaptation's step).
+
+Loops alone overstate it: glibc raises its thresholds by itself after the process frees a large block, which a notebook's
+earlier cells often do. `--notebook NAME` runs a whole experiment notebook with papermill twice at once, one core each
+(plain and compute_env, the same load on both), on a project root whose data is built (`--root`, default this checkout),
+and compares every table it writes byte for byte.
 
 Prints per workload the median seconds of each setting, their ratio (compute_env / plain: below 1 is faster) and whether
 the results' SHA-256 agree; exits 1 if any differ. Needs the tiny benchmark and the robust zoo (`make reproduce`, or the pins).
@@ -99,11 +105,39 @@ def run_once(name:str, tuned:bool)->dict:
     if p.returncode: sys.exit(f"{name} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
+def run_notebook(name:str, root:Path, profile:str)->int:
+    "Experiment `name` run twice at once by papermill, plain and under compute_env; seconds each, and whether their tables agree."
+    import tempfile, time
+    from fusion_nb.core import COMPUTE_ENV, compute_env
+    plain = {k: v for k, v in os.environ.items() if k not in COMPUTE_ENV}
+    scratch, procs = Path(tempfile.mkdtemp(prefix='compute-env-')), {}
+    for tuned in (False, True):
+        out = scratch/('tuned' if tuned else 'plain'); out.mkdir()
+        env = {**(compute_env(plain) if tuned else plain), 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
+               'FUSION_NB_ROOT': str(root), 'PYTHONPATH': str(root)}
+        nb = root/'nbs'/'experiments'/f'{name}.ipynb'
+        cmd = [sys.executable, '-m', 'papermill', str(nb), str(out/'run.ipynb'), '-p', 'profile', profile, '-p', 'output_dir', str(out),
+               '-k', 'python3', '--cwd', str(nb.parent), '--no-progress-bar']
+        procs[tuned] = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=(out/'stderr.txt').open('w')), time.time())
+    secs = {}
+    for tuned, (p, t0) in procs.items():
+        if p.wait(): sys.exit(f"{name} ({'tuned' if tuned else 'plain'}) failed: see {scratch}")
+        secs[tuned] = time.time() - t0
+    tables = sorted(f.name for f in (scratch/'plain').glob('*.csv'))
+    same = bool(tables) and all((scratch/'plain'/f).read_bytes() == (scratch/'tuned'/f).read_bytes() for f in tables)
+    print(f"{name}: plain {secs[False]:.0f} s, compute_env {secs[True]:.0f} s (ratio {secs[True] / secs[False]:.2f}), side by side; "
+          f"{len(tables)} tables, {'byte-identical' if same else 'DIFFERENT'} ({scratch})")
+    return 0 if same else 1
+
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--rounds', type=int, default=3, help='timed runs of each setting (alternating)')
     ap.add_argument('--only', nargs='+', choices=list(WORKLOADS), default=list(WORKLOADS))
+    ap.add_argument('--notebook', help='an experiment notebook to run whole, plain and tuned side by side')
+    ap.add_argument('--root', type=Path, default=REPO, help='project root with its data built (--notebook)')
+    ap.add_argument('--profile', default='tiny', help='profile of --notebook')
     a = ap.parse_args(argv)
+    if a.notebook: return run_notebook(a.notebook, a.root.resolve(), a.profile)
     same = True
     print(f"{'workload':8} {'plain s':>8} {'tuned s':>8} {'ratio':>6}  same bytes")
     for name in a.only:
