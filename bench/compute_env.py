@@ -17,7 +17,8 @@ spends its time in, each run in a fresh Python (the allocator reads its settings
 
 Loops alone overstate it: glibc raises its thresholds by itself after the process frees a large block, which a notebook's
 earlier cells often do. `--notebook NAME` runs a whole experiment notebook with papermill twice at once, one core each
-(plain and compute_env, the same load on both), on a project root whose data is built (`--root`, default this checkout),
+(plain and compute_env, the same load on both until the first one ends: the other then runs alone, which favours
+it), on a project root whose data is built (`--root`, default this checkout),
 and compares every table it writes byte for byte.
 
 Prints per workload the median seconds of each setting, their ratio (compute_env / plain: below 1 is faster) and whether
@@ -96,25 +97,26 @@ h = hashlib.sha256(b''.join(o.detach().contiguous().numpy().tobytes() for o in o
 print(json.dumps({{'seconds': dt, 'sha256': h}}))
 """
 
-def run_once(name:str, tuned:bool)->dict:
-    "One timed call of a workload's `work()` in a fresh Python, plain or under compute_env."
+def child_env(tuned:bool, root:Path)->dict:
+    "A child's environment: every `COMPUTE_ENV` variable removed (plain) or compute_env's; one torch thread, offline, on `root`."
     from fusion_nb.core import COMPUTE_ENV, compute_env
     plain = {k: v for k, v in os.environ.items() if k not in COMPUTE_ENV}
-    env = {**(compute_env(plain) if tuned else plain), 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'FUSION_NB_ROOT': str(REPO)}
-    p = subprocess.run([sys.executable, '-c', _TIMED.format(setup=WORKLOADS[name])], env=env, cwd=REPO, capture_output=True, text=True)
+    return {**(compute_env(plain) if tuned else plain), 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
+            'FUSION_NB_ROOT': str(root)}
+
+def run_once(name:str, tuned:bool)->dict:
+    "One timed call of a workload's `work()` in a fresh Python, plain or under compute_env."
+    p = subprocess.run([sys.executable, '-c', _TIMED.format(setup=WORKLOADS[name])], env=child_env(tuned, REPO), cwd=REPO, capture_output=True, text=True)
     if p.returncode: sys.exit(f"{name} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 def run_notebook(name:str, root:Path, profile:str)->int:
     "Experiment `name` run twice at once by papermill, plain and under compute_env; seconds each, and whether their tables agree."
     import tempfile, time
-    from fusion_nb.core import COMPUTE_ENV, compute_env
-    plain = {k: v for k, v in os.environ.items() if k not in COMPUTE_ENV}
     scratch, procs = Path(tempfile.mkdtemp(prefix='compute-env-')), {}
     for tuned in (False, True):
         out = scratch/('tuned' if tuned else 'plain'); out.mkdir()
-        env = {**(compute_env(plain) if tuned else plain), 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
-               'FUSION_NB_ROOT': str(root), 'PYTHONPATH': str(root)}
+        env = {**child_env(tuned, root), 'PYTHONPATH': str(root)}
         nb = root/'nbs'/'experiments'/f'{name}.ipynb'
         cmd = [sys.executable, '-m', 'papermill', str(nb), str(out/'run.ipynb'), '-p', 'profile', profile, '-p', 'output_dir', str(out),
                '-k', 'python3', '--cwd', str(nb.parent), '--no-progress-bar']
