@@ -14,12 +14,12 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['COMPUTE_ENV', 'PROGRESS_MODES', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError',
-           'HyperparameterError', 'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype',
-           'compute_env', 'current_umask', 'honour_umask', 'remove_stale_temps', 'atomic_write', 'atomic_write_text',
-           'atomic_dir', 'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'build_seed', 'read_pins', 'restore_pin',
-           'save_pin', 'pinned_differences', 'cached_builds', 'progress_mode', 'heartbeat', 'project_root',
-           'check_known_keys', 'json_digest', 'code_digest']
+__all__ = ['COMPUTE_ENV', 'PROGRESS_MODES', 'AST_FIELDS_AFTER_311', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError',
+           'UnknownNameError', 'HyperparameterError', 'check_range', 'Registry', 'seed_everything', 'get_device',
+           'get_dtype', 'compute_env', 'current_umask', 'honour_umask', 'remove_stale_temps', 'atomic_write',
+           'atomic_write_text', 'atomic_dir', 'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'build_seed',
+           'read_pins', 'restore_pin', 'save_pin', 'pinned_differences', 'cached_builds', 'progress_mode', 'heartbeat',
+           'project_root', 'check_known_keys', 'ast_text', 'json_digest', 'code_digest']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -457,6 +457,22 @@ def check_known_keys(given:Mapping, # the keys given (a dict, or any iterable of
         raise FusionError(f"{where}unknown key {k!r}" + (f" (did you mean {close[0]!r}?)" if close else '')
                           + f"; known keys: {', '.join(known)}")
 
+# %% ../nbs/00_core.ipynb #89390c24
+AST_FIELDS_AFTER_311 = {'type_params', 'default_value'}  # PEP 695 (3.12) and PEP 696 (3.13): empty in code 3.11 parses
+
+def ast_text(node)->str:
+    "`ast.dump(node)` as Python 3.11 writes it, the same on every Python (fields added since are left out while empty)."
+    if isinstance(node, list): return '[' + ', '.join(ast_text(x) for x in node) + ']'
+    if not isinstance(node, ast.AST): return repr(node)
+    cls, fields = type(node), []
+    for name in node._fields:
+        try: value = getattr(node, name)
+        except AttributeError: continue
+        if value is None and getattr(cls, name, ...) is None: continue   # an optional field left out, as 3.11 does
+        if name in AST_FIELDS_AFTER_311 and value in (None, []): continue
+        fields.append(f'{name}={ast_text(value)}')
+    return f"{cls.__name__}({', '.join(fields)})"
+
 # %% ../nbs/00_core.ipynb #aa7ec23c
 def json_digest(obj)->str:
     "The sha256 of `obj` as sorted JSON (what is not JSON: its `str`)."
@@ -472,5 +488,5 @@ def code_digest(*objects)->str:
             if isinstance(node, ast.ImportFrom): node.level, node.module = 0, (node.module or '').split('.')[-1]
         if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(getattr(tree.body[0], 'value', None), ast.Constant):
             tree.body = tree.body[1:]  # the module docstring names the notebook: not code
-        trees.append(ast.dump(tree))
+        trees.append(ast_text(tree))
     return json_digest(trees)

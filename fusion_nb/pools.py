@@ -23,9 +23,10 @@ from .checkpoints import (LazyStateDict, hub_revision, is_local_source, load_vis
 from .catalog import CATALOG, class_names_for, templates_for
 
 # %% auto #0
-__all__ = ['PRETRAINED', 'PAPER003_SOURCES', 'PAPER002_SOURCES', 'check_schema', 'published_schema', 'local_dataset',
-           'is_saved_dataset', 'hub_layout_files', 'load_split', 'dataset_problems', 'Task', 'TaskPool', 'ModelPool',
-           'ShiftSource', 'save_image_folders', 'missing_sources', 'check_sources', 'FileSource']
+__all__ = ['PIL_BACKEND', 'PRETRAINED', 'PAPER003_SOURCES', 'PAPER002_SOURCES', 'check_schema', 'published_schema',
+           'local_dataset', 'is_saved_dataset', 'hub_layout_files', 'load_split', 'dataset_problems', 'Task',
+           'TaskPool', 'load_image_processor', 'ModelPool', 'ShiftSource', 'save_image_folders', 'missing_sources',
+           'check_sources', 'FileSource']
 
 # %% ../nbs/05_pools.ipynb #e8713e55
 def check_schema(ds:Dataset, # one split of a task dataset
@@ -236,6 +237,14 @@ class TaskPool:
             return class_names_for(t)
         return cls([Task(t, profile.datasets[t], split=profile.test_split, class_names=names_of(t)) for t in names])
 
+# %% ../nbs/05_pools.ipynb #899c7fe4
+import transformers
+PIL_BACKEND = {'backend': 'pil'} if int(transformers.__version__.split('.')[0]) >= 5 else {'use_fast': False}   # 4.x: the slow one is PIL's
+
+def load_image_processor(source:str|Path, **kwargs):
+    "`source`'s image processor on PIL's backend, whatever else is installed (`PIL_BACKEND`)."
+    return AutoImageProcessor.from_pretrained(source, **PIL_BACKEND, **kwargs)
+
 # %% ../nbs/05_pools.ipynb #36649feb
 PRETRAINED = '_pretrained_'  # the name of the pretrained vision encoder in a model pool
 
@@ -285,8 +294,8 @@ class ModelPool:
         return AutoTokenizer.from_pretrained(self.model_dir)
     @cached_property
     def processor(self):
-        "The pretrained model's image processor."
-        return AutoImageProcessor.from_pretrained(self.model_dir)
+        "The pretrained model's image processor (PIL's backend, on every machine: `load_image_processor`)."
+        return load_image_processor(self.model_dir)
     @cached_property
     def config(self)->CLIPVisionConfig:
         "The vision encoders' configuration (the pretrained model's, read without loading its weights)."
