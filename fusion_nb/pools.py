@@ -25,8 +25,8 @@ from .catalog import CATALOG, class_names_for, templates_for
 # %% auto #0
 __all__ = ['PIL_BACKEND', 'PRETRAINED', 'PAPER003_SOURCES', 'PAPER002_SOURCES', 'check_schema', 'published_schema',
            'local_dataset', 'is_saved_dataset', 'hub_layout_files', 'load_split', 'dataset_problems', 'Task',
-           'TaskPool', 'load_image_processor', 'ModelPool', 'ShiftSource', 'save_image_folders', 'missing_sources',
-           'check_sources', 'FileSource']
+           'TaskPool', 'load_image_processor', 'clip_image_processor', 'ModelPool', 'ShiftSource', 'save_image_folders',
+           'missing_sources', 'check_sources', 'FileSource']
 
 # %% ../nbs/05_pools.ipynb #e8713e55
 def check_schema(ds:Dataset, # one split of a task dataset
@@ -244,6 +244,10 @@ PIL_BACKEND = {'backend': 'pil'} if int(transformers.__version__.split('.')[0]) 
 def load_image_processor(source:str|Path, **kwargs):
     "`source`'s image processor on PIL's backend, whatever else is installed (`PIL_BACKEND`)."
     return AutoImageProcessor.from_pretrained(source, **PIL_BACKEND, **kwargs)
+
+def clip_image_processor(**settings):
+    "A CLIP image processor made from `settings`, on PIL's backend whatever else is installed."
+    return getattr(transformers, 'CLIPImageProcessorPil', transformers.CLIPImageProcessor)(**settings)   # 4.x: CLIPImageProcessor is PIL's
 
 # %% ../nbs/05_pools.ipynb #36649feb
 PRETRAINED = '_pretrained_'  # the name of the pretrained vision encoder in a model pool

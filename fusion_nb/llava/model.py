@@ -12,11 +12,12 @@ from typing import Iterable, Mapping
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import (AutoProcessor, CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+from transformers import (AutoProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
                           LlavaForConditionalGeneration, LlavaProcessor, PreTrainedTokenizerFast)
 
 from ..core import FusionError, IncompatibleModelsError, atomic_dir, get_device, get_dtype, seed_everything
 from ..checkpoints import LazyStateDict, resolve_model_dir, vision_config, vision_state_dict
+from ..pools import clip_image_processor, load_image_processor   # PIL's backend on every machine (notebook 05)
 from ..tiny.clip_factory import CLIP_MEAN, CLIP_STD
 
 # %% auto #0
@@ -72,12 +73,12 @@ def _vision_tower(vision_source, image_size, patch_size, hidden_size, num_layers
     "(CLIPVisionConfig, its weights or None, image processor): from a CLIP directory, or a random tower's config."
     if vision_source is not None:
         d = resolve_model_dir(vision_source)
-        proc = CLIPImageProcessor.from_pretrained(d)
+        proc = load_image_processor(d)
         return vision_config(d), dict(vision_state_dict(d)), proc
     cfg = CLIPVisionConfig(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
                            num_attention_heads=num_heads, image_size=image_size, patch_size=patch_size)
-    proc = CLIPImageProcessor(size={'shortest_edge': image_size}, crop_size={'height': image_size, 'width': image_size},
-                              image_mean=CLIP_MEAN, image_std=CLIP_STD)
+    proc = clip_image_processor(size={'shortest_edge': image_size}, crop_size={'height': image_size, 'width': image_size},
+                                image_mean=CLIP_MEAN, image_std=CLIP_STD)
     return cfg, None, proc
 
 # %% ../../nbs/llava/60_tiny_llava.ipynb #912aa7c5
@@ -130,7 +131,9 @@ def load_llava(source:str|Path, # hub id or local directory
     "A LLaVA model (in eval mode) and its processor, from a hub id or directory."
     d = llava_dir(source)
     model = LlavaForConditionalGeneration.from_pretrained(d, dtype=get_dtype(dtype)).to(get_device(device)).eval()
-    return model, AutoProcessor.from_pretrained(d)
+    proc = AutoProcessor.from_pretrained(d)
+    proc.image_processor = load_image_processor(d)   # PIL's pixels on every machine (torchvision's round otherwise)
+    return model, proc
 
 # %% ../../nbs/llava/60_tiny_llava.ipynb #8b139598
 LLAVA_PARTS = {'vision': ('vision_tower.', 'model.vision_tower.'),
