@@ -32,13 +32,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 _ROBUST = """
 from fusion_nb.reproduce.profiles import load_profile
-from fusion_nb.robust.zoo import ZooBudget, load_zoo, robust_zoo, zoo_dir, zoo_specs
+from fusion_nb.robust.zoo import load_zoo, profile_budget, robust_zoo, zoo_dir, zoo_specs
 from fusion_nb.robust.soups import SoupKitchen
 from fusion_nb.robust.paper_data import standin_set, to_input
 P = load_profile('tiny'); E = P.extra
-budget = ZooBudget(n_train=int(E['robust_train_images']), width=int(E['robust_width']), epochs=int(E['robust_epochs']),
-                   finetune_epochs=int(E['robust_finetune_epochs']), attack_steps=int(E['robust_attack_steps']) or None,
-                   batch_size=int(E['robust_batch_size']))
+budget = profile_budget(E)
 def zoo(ds): return load_zoo(robust_zoo(zoo_dir(P.root, P.name, ds), ds, zoo_specs(ds, E['robust_bases'].split() if ds == 'cifar10' else None), budget, progress=False))
 """
 

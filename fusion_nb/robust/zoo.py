@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools, json, math, time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -21,9 +21,10 @@ from .attacks import NORMS, budget, check_norm
 from .models import adversarial_train, convnet, to_tensors
 
 # %% auto #0
-__all__ = ['STANDINS', 'PAPER_SIDE', 'STANDIN_RADIUS_SCALE', 'FINETUNE_LR_SCALE', 'standin_eps', 'standin_attacks', 'standin',
-           'ModelSpec', 'model_name', 'zoo_specs', 'ZooBudget', 'zoo_dir', 'peak_lr', 'train_epochs', 'train_model',
-           'robust_zoo', 'load_zoo', 'zoo_digest', 'checkpoint_sources', 'missing_checkpoints', 'load_checkpoints']
+__all__ = ['STANDINS', 'PAPER_SIDE', 'STANDIN_RADIUS_SCALE', 'PROFILE_BUDGET_KEYS', 'FINETUNE_LR_SCALE', 'standin_eps',
+           'standin_attacks', 'standin', 'ModelSpec', 'model_name', 'zoo_specs', 'ZooBudget', 'profile_budget',
+           'zoo_dir', 'peak_lr', 'train_epochs', 'train_model', 'robust_zoo', 'load_zoo', 'zoo_digest',
+           'checkpoint_sources', 'missing_checkpoints', 'load_checkpoints']
 
 # %% ../../nbs/robust/53_zoo.ipynb #f3d008d4
 STANDINS = {'cifar10': 10, 'imagenet': 12}  # paper 002's datasets → classes of the rendered stand-in (fusion_nb.tiny.tasks)
@@ -111,6 +112,15 @@ class ZooBudget:
     lr:float = 0.1 # peak learning rate (App. A.1)
     seed:int = 0
     threads:int = 1 # torch threads while training (part of the recipe)
+
+# %% ../../nbs/robust/53_zoo.ipynb #543c8bfd
+PROFILE_BUDGET_KEYS = {'n_train': 'robust_train_images', 'width': 'robust_width', 'epochs': 'robust_epochs',
+                       'finetune_epochs': 'robust_finetune_epochs', 'attack_steps': 'robust_attack_steps', 'batch_size': 'robust_batch_size'}
+
+def profile_budget(values:Mapping)->ZooBudget:
+    "The zoo budget of a profile's `robust_*` values (strings as settings.ini gives them, or numbers)."
+    b = {field: int(values[key]) for field, key in PROFILE_BUDGET_KEYS.items()}
+    return ZooBudget(**{**b, 'attack_steps': b['attack_steps'] or None})   # 0: App. A.1's steps
 
 # %% ../../nbs/robust/53_zoo.ipynb #58352227
 def zoo_dir(root:str|Path|None, profile:str, dataset:str)->Path:
