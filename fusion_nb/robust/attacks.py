@@ -191,7 +191,7 @@ class AttackResult:
     "Adversarial inputs of one attack and the per-example outcome."
     x_adv:torch.Tensor # an adversarial input where one was found, else the highest-loss point
     robust:torch.Tensor # bool: correctly classified clean and at every attacked point
-    loss:torch.Tensor # highest attack loss reached (clean loss for examples not attacked)
+    loss:torch.Tensor # highest attack loss reached (until misclassified: the attack stops there; clean loss for examples not attacked)
     norm:str # threat model
     eps:float # radius
     @property
@@ -256,6 +256,8 @@ def apgd_checkpoints(steps:int)->list[int]:
     return out
 
 # %% ../../nbs/robust/50_attacks.ipynb #271e30fb
+def _rows(t, r): return None if t is None else t[r]
+
 def _apgd_run(model, x, y, norm, eps, steps, loss_fn, target, clean, x0, rho=0.75, init_topk=0.2, keep_best=False):
     n, d, l1 = len(x), x[0].numel(), norm == 'l1'
     alpha = 1.0 if l1 else 2.0
@@ -264,20 +266,24 @@ def _apgd_run(model, x, y, norm, eps, steps, loss_fn, target, clean, x0, rho=0.7
     checks = set(range(max(int(0.04 * steps), 1), steps + 1, max(int(0.04 * steps), 1))) if l1 else set(apgd_checkpoints(steps))
     loss, grad, z = _loss_and_grad(model, x0, y, loss_fn, target, clean)
     robust = z.argmax(1) == y
-    x_adv, x_prev, adv_x = x0, x0, torch.where(_bcast(robust, x), x, x0)
+    x_adv, x_prev, adv_x = x0.clone(), x0.clone(), torch.where(_bcast(robust, x), x, x0)
     best_loss, best_x, best_grad = loss.clone(), x0.clone(), grad.clone()
     last_best, reduced, n_up, since = best_loss.clone(), torch.ones(n, dtype=torch.bool, device=x.device), torch.zeros(n, device=x.device), 0
+    every = torch.arange(n, device=x.device)
     for i in range(steps):
-        a = 1.0 if i == 0 else 0.75
-        zk = project(x, x_adv + _bcast(eta, x) * ascent_direction(grad, norm, topk), norm, eps)
+        # who steps: in training every example; in evaluation only those still robust (a misclassified one is settled)
+        r = every if keep_best else robust.nonzero()[:, 0]
+        if not len(r): break
+        xr, xo, a = x[r], x_adv[r], (1.0 if i == 0 else 0.75)
+        zk = project(xr, xo + _bcast(eta[r], xr) * ascent_direction(grad[r], norm, topk[r.cpu()]), norm, eps)
         # APGD-ℓ1 takes no momentum step (AutoAttack's APGD-ℓ1 neither)
-        x_new = zk if l1 else project(x, x_adv + a * (zk - x_adv) + (1 - a) * (x_adv - x_prev), norm, eps)
-        x_prev, x_adv = x_adv, x_new
-        new_loss, grad, z = _loss_and_grad(model, x_adv, y, loss_fn, target, clean)
-        fooled = z.argmax(1) != y
-        adv_x[fooled & robust] = x_adv[fooled & robust]; robust &= ~fooled
-        n_up += (new_loss > loss).float(); loss = new_loss; since += 1
-        up = loss > best_loss; best_loss[up], best_x[up], best_grad[up] = loss[up], x_adv[up], grad[up]
+        x_new = zk if l1 else project(xr, xo + a * (zk - xo) + (1 - a) * (xo - x_prev[r]), norm, eps)
+        x_prev[r], x_adv[r] = xo, x_new
+        new_loss, grad[r], z = _loss_and_grad(model, x_new, y[r], loss_fn, _rows(target, r), _rows(clean, r))
+        fooled = r[(z.argmax(1) != y[r]) & robust[r]]
+        adv_x[fooled] = x_adv[fooled]; robust[fooled] = False
+        n_up[r] += (new_loss > loss[r]).float(); loss[r] = new_loss; since += 1
+        up = r[new_loss > best_loss[r]]; best_loss[up], best_x[up], best_grad[up] = loss[up], x_adv[up], grad[up]
         if i + 1 in checks:
             if l1:
                 # ‖x_best − x‖₀, ignoring one-ulp residues that float32 rounding of x + δ − x leaves behind
