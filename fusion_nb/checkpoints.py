@@ -406,9 +406,7 @@ def save_vision_model(state_dict:Mapping, # canonical vision state dict (plain o
     cfg.architectures = ['CLIPVisionModel']
     with atomic_dir(out_dir) as tmp:
         cfg.save_pretrained(tmp)
-        save_file(tensors, tmp/'model.safetensors', metadata={'format': 'pt'})
-        from fusion_nb.core import current_umask   # safetensors writes 0600: give it the mode the umask gives every other output
-        os.chmod(tmp/'model.safetensors', 0o666 & ~current_umask())
+        save_file(tensors, tmp/'model.safetensors', metadata={'format': 'pt'})   # 0600 until atomic_dir publishes it
     return Path(out_dir)
 
 # %% ../nbs/02_checkpoints.ipynb #1dc459d6

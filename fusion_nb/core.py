@@ -145,11 +145,11 @@ def current_umask()->int:
     return m
 
 # %% ../nbs/00_core.ipynb #18dddbd8
-def honour_umask(folder:Path)->None:
-    "Give every file under `folder` the mode a plain `open` gives under the umask (safetensors and transformers write 0600)."
-    mode = 0o666 & ~current_umask()
-    for f in folder.rglob('*'):
-        if f.is_file(): os.chmod(f, mode)
+def honour_umask(path:Path)->None:
+    "Give the file `path`, or every file under the folder `path`, the mode a plain `open` gives under the umask (safetensors writes 0600)."
+    mode, path = 0o666 & ~current_umask(), Path(path)
+    for f in ([path] if path.is_file() else path.rglob('*')):
+        if f.is_file() and not f.is_symlink(): os.chmod(f, mode)
 
 # %% ../nbs/00_core.ipynb #54860914
 _TEMP = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[a-z0-9_]+\.tmp$')  # `.<name>.<pid>.<random or old>.tmp`
@@ -220,6 +220,7 @@ def atomic_dir(path:str|Path)->Iterator[Path]:
     try:
         os.chmod(tmp, 0o777 & ~current_umask())   # mkdtemp makes 0700
         yield tmp
+        honour_umask(tmp)   # what the caller wrote with safetensors (0600) too: every writer of a folder gets this here
         with _folder_lock(path.parent):   # two processes finishing the same folder take turns: the last one wins
             if path.exists():
                 old = path.with_name(f".{path.name}.{os.getpid()}.old.tmp")
@@ -393,6 +394,8 @@ def cached_builds(folder:str|Path, # holds the items and manifest.json
             folder.mkdir(parents=True, exist_ok=True); t0 = time.time()
             pinned = restore_pin(folder, n, recipes[n])   # the checkout's copy, when it has one of this recipe
             info = dict(build(n) or {}) if pinned is None else pinned
+            if pinned is None:
+                for p in files(n): honour_umask(folder/p)   # a builder's safetensors files are 0600
             man[section][n] = {**info, 'recipe': recipes[n], 'seconds': round(time.time() - t0, 1), 'files': digest(n),
                                **({'pinned': True} if pinned is not None else {})}
             if pinned is None: save_pin(folder, n, recipes[n], man[section][n]['files'], info)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..core import (HyperparameterError, IncompatibleModelsError, NonFiniteError, Registry, atomic_write_text, check_range,
-                            get_device, honour_umask)
+                            get_device)
 from ..algebra import assert_finite, check_compatible, tensor_meta
 
 # %% auto #0
@@ -218,7 +218,6 @@ def write_merged(pretrained:Mapping|None, # θ₀ (aligned), or None
             shard = merge_streaming(pretrained, experts, merge_tensor, keys=keys, check=False, progress=False,
                                     out=_Shard(dtypes, bar), device=device, propagates_nonfinite=propagates_nonfinite)
             save_file(dict(shard), out_dir/fname, metadata={'format': 'pt'}); del shard
-    honour_umask(out_dir)   # safetensors writes 0600
     index = {'metadata': plan.metadata, 'weight_map': plan.tensor_to_filename}
     if plan.is_sharded: atomic_write_text(out_dir/'model.safetensors.index.json', json.dumps(index, indent=2, sort_keys=True))
     return index

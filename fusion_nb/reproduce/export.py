@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from ..core import FusionError, NonFiniteError, atomic_dir, atomic_write_text, get_dtype, honour_umask
+from ..core import FusionError, NonFiniteError, atomic_dir, atomic_write_text, get_dtype
 from ..checkpoints import (check_vision_state_dict, hub_offline, hub_reachable, is_local_source, resolve_model_dir,
                                    save_vision_model, vision_config)
 from ..methods.registry import MERGE_METHODS, MergeMethod, all_finite
@@ -190,7 +190,6 @@ def _write_model(weights:Mapping, tmp:Path, src_dir:Path, kind:str, dtype, extra
     _write_processor(tmp, src_dir, kind)
     for name, f in (extra_files or {}).items():
         (tmp/name).parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(f, tmp/name)
-    honour_umask(tmp)
 
 # %% ../../nbs/reproduce/93_export.ipynb #21684c83
 def export_model(result, # what a merge returned (see `merged_weights`)
