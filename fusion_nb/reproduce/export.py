@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/export.html.md"""
 
 # %% ../../nbs/reproduce/93_export.ipynb #1f4b2bda
 from __future__ import annotations
-import json, os, shutil
+import json, shutil
 from pathlib import Path
 from typing import Any, Mapping
 
