@@ -54,3 +54,17 @@ def test_the_size_check_counts_what_it_should(tmp_path):
                     {'cell_type': 'code', 'source': ['#| exports\n', '#| hide\n', 'def f(): pass']}]}
     (tmp_path/'x.ipynb').write_text(json.dumps(nb))
     assert exported_cell_sizes(tmp_path) == [2, 1]
+
+# where the package may name transformers' image processors, and why (everywhere else: fusion_nb.pools' two functions)
+PROCESSORS_NAMED = {'pools.py': "load_image_processor and clip_image_processor: PIL's backend on every machine",
+                    'reproduce/export.py': "copies the base model's processor files into an export (computes no pixels)"}
+
+def test_image_processors_come_from_pools():
+    "Pixels are PIL's on every machine (torchvision's differ by up to 2.4e-7, and a zoo trained on them has other weights)."
+    found = []
+    for f in sorted((REPO/'fusion_nb').rglob('*.py')):
+        rel = f.relative_to(REPO/'fusion_nb').as_posix()
+        if rel in PROCESSORS_NAMED or rel == '_modidx.py': continue
+        found += [f'{rel}:{i}: {l.strip()}' for i, l in enumerate(f.read_text(encoding='utf-8').splitlines(), 1)
+                  if re.search(r'\b(AutoImageProcessor|CLIPImageProcessor\w*)\b', l)]
+    assert not found, 'make image processors with fusion_nb.pools.load_image_processor / clip_image_processor:\n' + '\n'.join(found)

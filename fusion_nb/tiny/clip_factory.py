@@ -12,10 +12,11 @@ from typing import Iterable, Mapping
 
 import torch
 from tokenizers import pre_tokenizers
-from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
+from transformers import CLIPConfig, CLIPModel, CLIPTokenizer
 
 from ..core import atomic_dir, atomic_write_text, seed_everything
 from ..checkpoints import save_vision_model, vision_state_dict
+from ..pools import clip_image_processor   # PIL's backend on every machine
 
 # %% auto #0
 __all__ = ['BOS', 'EOS', 'SPECIAL_TOKENS', 'CLIP_MEAN', 'CLIP_STD', 'learn_bpe_merges', 'clip_bpe', 'train_clip_tokenizer',
@@ -107,7 +108,7 @@ def make_clip_dir(out_dir:str|Path, # directory to (re)create
         projection_dim=projection_dim)
     seed_everything(seed)
     model = CLIPModel(cfg).eval()
-    proc = CLIPImageProcessor(size={'shortest_edge': image_size}, crop_size={'height': image_size, 'width': image_size},
+    proc = clip_image_processor(size={'shortest_edge': image_size}, crop_size={'height': image_size, 'width': image_size},
                               image_mean=CLIP_MEAN, image_std=CLIP_STD)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp); build_tokenizer_files(words, tmp, max_position_embeddings); proc.save_pretrained(tmp)

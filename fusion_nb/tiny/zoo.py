@@ -14,11 +14,12 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+from transformers import AutoTokenizer, CLIPModel
 
 from ..core import NonFiniteError, UnknownNameError, atomic_dir, check_range, get_device, seed_everything
 from ..catalog import templates_for
 from ..checkpoints import save_vision_model
+from ..pools import load_image_processor   # PIL's pixels on every machine (torchvision's round otherwise)
 from .clip_factory import make_clip_dir
 from .finetune import finetune_vision, pixel_values
 from .tasks import SPLITS, TASKS, pretraining_corpus, vocabulary
@@ -84,7 +85,7 @@ def pretrain_clip(out_dir:str|Path, # CLIPModel directory to write (with tokeniz
                              text_intermediate_size=2 * cfg.text_hidden_size, text_layers=cfg.text_layers,
                              projection_dim=cfg.projection_dim, seed=seed)
         clip = CLIPModel.from_pretrained(init).to(device)
-        tok, proc = AutoTokenizer.from_pretrained(init), AutoImageProcessor.from_pretrained(init)
+        tok, proc = AutoTokenizer.from_pretrained(init), load_image_processor(init)
         pairs = list(tqdm(pretraining_corpus(cfg.pretrain_pairs, seed=seed), total=cfg.pretrain_pairs,
                           desc='render pretraining corpus', disable=not progress, leave=False))
         x = pixel_values(proc, [p[0] for p in pairs])
@@ -123,7 +124,7 @@ def finetune_expert(clip_dir:str|Path, # the pretrained CLIPModel directory
     "Fine-tune the pretrained tiny CLIP's vision encoder on `task` (paper 000's recipe) and save it."
     from datasets import load_from_disk
     clip = CLIPModel.from_pretrained(clip_dir)
-    tok, proc = AutoTokenizer.from_pretrained(clip_dir), AutoImageProcessor.from_pretrained(clip_dir)
+    tok, proc = AutoTokenizer.from_pretrained(clip_dir), load_image_processor(clip_dir)
     train = load_from_disk(str(dataset_dir))['train']
     enc = finetune_vision(clip, tok, proc, train, train.features['label'].names, templates or templates_for(task),
                           steps=cfg.finetune_steps, lr=cfg.finetune_lr, batch_size=cfg.finetune_batch,
