@@ -109,7 +109,7 @@ def make_clip_dir(out_dir:str|Path, # directory to (re)create
     seed_everything(seed)
     model = CLIPModel(cfg).eval()
     proc = clip_image_processor(size={'shortest_edge': image_size}, crop_size={'height': image_size, 'width': image_size},
-                              image_mean=CLIP_MEAN, image_std=CLIP_STD)
+                                image_mean=CLIP_MEAN, image_std=CLIP_STD)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp); build_tokenizer_files(words, tmp, max_position_embeddings); proc.save_pretrained(tmp)
     return Path(out_dir)
