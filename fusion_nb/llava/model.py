@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/tiny_llava.html.md"""
 
 # %% ../../nbs/llava/60_tiny_llava.ipynb #6814f1e5
 from __future__ import annotations
-import json
+import functools, json
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -164,10 +164,15 @@ _ARCH_FIELDS = {'text_config': ('model_type', 'vocab_size', 'hidden_size', 'inte
                 'vision_config': ('model_type', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'image_size', 'patch_size'),
                 None: ('model_type', 'projector_hidden_act', 'image_token_index', 'vision_feature_layer', 'vision_feature_select_strategy')}
 
+@functools.lru_cache(maxsize=1024)
+def _architecture(folder:str, stamp:tuple)->tuple:   # stamp: config.json's inode, size and mtime: a rewritten config is read again
+    cfg = LlavaConfig.from_pretrained(folder)   # ~20 ms of validation: UQ-Merge checks every model before each merge
+    return tuple((f"{sec or 'llava'}.{f}", getattr(cfg if sec is None else getattr(cfg, sec), f, None)) for sec, fs in _ARCH_FIELDS.items() for f in fs)
+
 def llava_architecture(source:str|Path)->dict:
     "The config fields that fix a LLaVA's weight shapes and wiring (defaults filled in, as hub configs omit them)."
-    cfg = LlavaConfig.from_pretrained(llava_dir(source))
-    return {f"{sec or 'llava'}.{f}": getattr(cfg if sec is None else getattr(cfg, sec), f, None) for sec, fs in _ARCH_FIELDS.items() for f in fs}
+    d = llava_dir(source); st = (d/'config.json').stat()
+    return dict(_architecture(str(d), (st.st_ino, st.st_size, st.st_mtime_ns)))
 
 # %% ../../nbs/llava/60_tiny_llava.ipynb #3658afac
 def check_same_llava(sources:Mapping[str, str|Path], # name → hub id or LLaVA directory

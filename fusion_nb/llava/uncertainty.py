@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/uncertainty.html.md"""
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #0bc1f907
 from __future__ import annotations
-import contextlib
+import contextlib, hashlib, weakref
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -19,10 +19,11 @@ from ..core import FusionError, HyperparameterError, UnknownNameError, check_ran
 
 # %% auto #0
 __all__ = ['ANSWER_PROMPT', 'EXTRA_OPTIONS', 'LETTERS', 'AUGMIX_OPS', 'SYSTEM_PROMPTS', 'ATTENTION_DROPOUT', 'PERTURBATIONS',
-           'DEFAULT_J', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options', 'option_prompt',
+           'DEFAULT_J', 'DRAWS', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options', 'option_prompt',
            'augment_op', 'augmix_combine', 'augmix', 'option_messages', 'attention_layers', 'attention_dropout',
-           'letter_ids', 'letter_probs', 'check_perturbations', 'perturbed_inputs', 'item_uncertainty', 'clean_answers',
-           'answer_accuracy', 'UQReport', 'model_uncertainty', 'held_in_uncertainty', 'as_held_in', 'option_items']
+           'letter_ids', 'letter_probs', 'check_perturbations', 'perturbed_inputs', 'image_digest', 'DrawMemo',
+           'item_uncertainty', 'clean_answers', 'answer_accuracy', 'UQReport', 'model_uncertainty',
+           'held_in_uncertainty', 'as_held_in', 'option_items']
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #8146fda7
 def entropy(p:torch.Tensor, # probabilities along the last dimension
@@ -173,15 +174,20 @@ def attention_dropout(model:torch.nn.Module, # a LLaVA (or any transformers LM)
         for l, rate, training in saved: l.attention_dropout = rate; l.train(training)
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #7a88f16b
+_LETTER_IDS = weakref.WeakKeyDictionary()   # tokenizer → {(n, vocabulary size): ids}: letter_probs asks once per forward pass
+
 def letter_ids(tokenizer, # the processor's tokenizer
                n:int, # number of options
               )->list[int]:
     "Token id of each of the first `n` option letters; raise if a letter is not exactly one distinct token."
-    ids = [tokenizer(c, add_special_tokens=False).input_ids for c in LETTERS[:n]]
-    bad = [c for c, i in zip(LETTERS, ids) if len(i) != 1 or i[0] == tokenizer.unk_token_id]
-    if bad or len({i[0] for i in ids}) != n:
-        raise FusionError(f"option letters {bad or list(LETTERS[:n])} are not single distinct tokens of {type(tokenizer).__name__}")
-    return [i[0] for i in ids]
+    known, key = _LETTER_IDS.setdefault(tokenizer, {}), (n, len(tokenizer))   # a token added since: tokenised again
+    if key not in known:
+        ids = [tokenizer(c, add_special_tokens=False).input_ids for c in LETTERS[:n]]
+        bad = [c for c, i in zip(LETTERS, ids) if len(i) != 1 or i[0] == tokenizer.unk_token_id]
+        if bad or len({i[0] for i in ids}) != n:
+            raise FusionError(f"option letters {bad or list(LETTERS[:n])} are not single distinct tokens of {type(tokenizer).__name__}")
+        known[key] = [i[0] for i in ids]
+    return list(known[key])
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #9e3fc98b
 @torch.no_grad()
@@ -221,6 +227,29 @@ def perturbed_inputs(item:OptionItem, J:int, perturbations:Sequence[str], rng:np
 # %% ../../nbs/llava/61_uncertainty.ipynb #40439fb5
 def _item_rng(seed:int, index:int)->np.random.Generator: return np.random.default_rng([seed, index])
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #f3713401
+def image_digest(img:Image.Image)->str:
+    "SHA-1 of an image's mode, size and pixels."
+    return hashlib.sha1(f'{img.mode} {img.size} '.encode() + img.tobytes()).hexdigest()
+
+class DrawMemo:
+    "Per-process memo of perturbed inputs by (image, J, perturbations, seed, index): every model reads the same draws."
+    def __init__(self, max_bytes:int=2**28): self.draws, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
+    def clear(self): self.draws.clear(); self.nbytes = 0
+    def __call__(self, item:OptionItem, J:int, perturbations:Sequence[str], seed:int, index:int,
+                )->tuple[list[Image.Image], list[str|None]]:
+        "`perturbed_inputs(item, J, perturbations, _item_rng(seed, index))`, as copies of the memo's once drawn."
+        key = (image_digest(item.image), J, tuple(perturbations), seed, index)
+        if key not in self.draws:
+            images, systems = perturbed_inputs(item, J, perturbations, _item_rng(seed, index)); self.computed += 1
+            size = sum(im.width * im.height * len(im.getbands()) for im in images)
+            if self.nbytes + size > self.max_bytes: return images, systems
+            self.draws[key] = (images, systems); self.nbytes += size
+        images, systems = self.draws[key]
+        return [im.copy() for im in images], list(systems)
+
+DRAWS = DrawMemo()   # the process's memo (item_uncertainty)
+
 # %% ../../nbs/llava/61_uncertainty.ipynb #4604236d
 def item_uncertainty(model, processor, # a LLaVA and its processor
                      item:OptionItem, # the question (its label is not used)
@@ -232,7 +261,7 @@ def item_uncertainty(model, processor, # a LLaVA and its processor
                     )->tuple[float, torch.Tensor]:
     "Eq. (1) for one item: (uncertainty, the (J, K) option probabilities of the perturbed passes)."
     perturbations = check_perturbations(perturbations, J)
-    images, systems = perturbed_inputs(item, J, perturbations, _item_rng(seed, index))
+    images, systems = DRAWS(item, J, perturbations, seed, index)
     prompts = [processor.apply_chat_template(option_messages(item, s), add_generation_prompt=True) for s in systems]
     k = len(all_options(item))
     with torch.random.fork_rng(devices=[]), (attention_dropout(model, dropout) if 'model' in perturbations else contextlib.nullcontext()):
