@@ -283,8 +283,8 @@ def cmd_spread(profile:str):
     ranks = rows[seeds].drop(index=[r for r in ('Pre-trained', 'Fine-tuned (STL)') if r in rows.index]).rank(ascending=False)
     print('\n## d2. Rank of each fusion row per build (1 = best)'); print(ranks.astype(int).to_string())
     dev = rows[[f'{s} − mean' for s in seeds]].drop(index=[r for r in ('Pre-trained', 'Fine-tuned (STL)') if r in rows.index])
-    print('\n## d3. Correlation between rows of their deviations from the row mean across builds (do rows move together?)')
-    print(f"   mean deviation of the fusion rows per build: {dev.mean().round(2).to_dict()}")
+    print('\n## d3. Do the rows move together? Mean deviation of the fusion rows from their own three-build mean, per build')
+    print(f"   {dev.mean().round(2).to_dict()}")
     f = spread_rows(spread, '04_fusion_eight_tasks', 'findings')
     if len(f): print('\n## d4. Experiment 04 findings per build (difference in points)'); print(f.round(2).to_string())
 
