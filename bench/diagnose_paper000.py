@@ -215,6 +215,10 @@ def b32_shares()->dict:
     return {'attention': L * 4 * (d * d + d), 'mlp': L * (2 * d * m + m + d), 'layer_norm': L * 4 * d + 4 * d,
             'embeddings': 3 * 32 * 32 * d + 50 * d + d}
 
+def ratio(a:float, b:float)->float:
+    "100 a / b, NaN where b is 0 (an expert no better than zero-shot, as on micro)."
+    return 100 * a / b if b else float('nan')
+
 def cmd_experts(B:Bench):
     names, pre = B.names, B.pre
     paper = paper_b32()
@@ -224,7 +228,7 @@ def cmd_experts(B:Bench):
         z, e, a = B.accuracy(t, pre), B.accuracy(t, B.experts[t]), B.accuracy(t, ta)
         c = 100 / len(B.tasks[t].class_names)
         rows[t] = {'classes': len(B.tasks[t].class_names), 'chance': c, 'zero-shot': z, 'zero-shot − chance': z - c, 'expert': e,
-                   'TA 0.3': a, 'TA normalised (TA/expert)': 100 * a / e, 'TA gain share ((TA−zs)/(exp−zs))': 100 * (a - z) / (e - z),
+                   'TA 0.3': a, 'TA normalised (TA/expert)': ratio(a, e), 'TA gain share ((TA−zs)/(exp−zs))': ratio(a - z, e - z),
                    'B/32 zero-shot': paper.loc['pretrained', t], 'B/32 expert': paper.loc['finetuned', t], 'B/32 TA 0.3': paper.loc['task_arithmetic', t],
                    'B/32 TA normalised': 100 * paper.loc['task_arithmetic', t] / paper.loc['finetuned', t],
                    'B/32 TA gain share': 100 * (paper.loc['task_arithmetic', t] - paper.loc['pretrained', t]) / (paper.loc['finetuned', t] - paper.loc['pretrained', t])}
