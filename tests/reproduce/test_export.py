@@ -269,8 +269,11 @@ def test_issue_51_2_a_model_card_the_user_edited_is_never_replaced(micro, tmp_pa
     export_model(ta, out, base_model=micro['base'], experts={'mnist': micro['experts']['mnist']}, log=notes.append)
     assert (out/'README.md').read_text() == '# My own card, written by hand\n'
     assert ModelCard.load(out/export.CARD_BESIDE).data.merge['method'] == 'task_arithmetic'
+    with pytest.raises(FusionError, match='would delete README.fusion_nb.md'):   # card=False: our card beside it is not dropped silently
+        export_model(ta, out, base_model=micro['base'], experts={'mnist': micro['experts']['mnist']}, card=False)
+    (out/export.CARD_BESIDE).unlink()
     export_model(ta, out, base_model=micro['base'], experts={'mnist': micro['experts']['mnist']}, card=False, log=notes.append)
-    assert (out/'README.md').read_text() == '# My own card, written by hand\n'   # card=False keeps it too
+    assert (out/'README.md').read_text() == '# My own card, written by hand\n' and not (out/export.CARD_BESIDE).exists()   # kept
 
 def test_issue_51_2_fusion_nb_merge_rerun_keeps_the_edited_card(micro, tmp_path, monkeypatch, capsys):
     "Item 2 through `fusion-nb merge`, the way the issue found it."
