@@ -45,7 +45,7 @@ class HyperparameterError(FusionError, ValueError):
 
 # %% ../nbs/00_core.ipynb #5155520c
 class WriteError(FusionError, OSError):
-    "Writing an output failed: its disk is full or its folder is not writable. Names the user's file or folder, not a temporary."
+    "Writing an output failed: its disk is full or its folder is not writable (named as the user gave it, not a temporary)."
     def __init__(self, message:str, path:Path, written:int=0, errno_:int|None=None):
         super().__init__(message); self.path, self.written, self.errno = Path(path), written, errno_
 
@@ -214,7 +214,8 @@ def write_error(e:BaseException, # what writing raised: an OSError, or safetenso
         what = (f"it needs about {human_bytes(needs)}, and {human_bytes(free)} is free now" if needs else
                 f"{human_bytes(written)} had been written when it filled; {human_bytes(free)} is free now")
         return WriteError(f"cannot write {str(path)!r}: no space left on its disk ({what}; the partial output was removed). "
-                          f"Free at least {human_bytes(more or written or 1 << 20)} there, or write it elsewhere", path, written, errno.ENOSPC)
+                          f"Free at least {human_bytes(more or written or 1 << 20)} there, or write it elsewhere",
+                          path, written, errno.ENOSPC)
     if no in _NOT_WRITABLE:
         folder = _existing(path.parent)
         why = 'is on a read-only file system' if no == errno.EROFS else f'is not writable ({e.strerror or text})'
@@ -228,7 +229,8 @@ def _about(e:BaseException, tmp:Path, path:Path)->bool:
     f = getattr(e, 'filename', None)
     if f is None: return True
     f = Path(f)
-    return f == tmp or tmp in f.parents or f == path or f == path.parent or (f.parent == path.parent and f.name.startswith(f'.{path.name}.'))
+    ours = f.parent == path.parent and f.name.startswith(f'.{path.name}.')   # another temporary of ours (the old folder, moved)
+    return f == tmp or tmp in f.parents or f == path or f == path.parent or ours
 
 @contextlib.contextmanager
 def _start_writing(path:Path)->Iterator[None]:
@@ -300,7 +302,7 @@ def atomic_dir(path:str|Path, # the folder to write
             else: os.replace(tmp, path)
     except BaseException as e:
         written = tree_size(tmp); shutil.rmtree(tmp, ignore_errors=True)
-        inner = isinstance(e, WriteError) and (e.path == tmp or tmp in e.path.parents)   # a nested atomic write named our temporary
+        inner = isinstance(e, WriteError) and (e.path == tmp or tmp in e.path.parents)   # a nested atomic write named our tmp
         cause = e.__cause__ if inner and e.__cause__ is not None else e
         err = write_error(cause, path, max(written, getattr(e, 'written', 0)), needs) if inner or _about(e, tmp, path) else None
         if err is None: raise

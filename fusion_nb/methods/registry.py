@@ -280,10 +280,11 @@ def _number(name, value, method, symbol:str=''):
         except ValueError: raise HyperparameterError(f"{method}: {name}={value!r} is not a number") from None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise HyperparameterError(f"{method}: {name}={value!r} is not a number (got {type(value).__name__})")
-    if not math.isfinite(value): raise HyperparameterError(f"{method}: {name}={value!r} is out of range: {_named(name, symbol)} is not finite")
+    if not math.isfinite(value):
+        raise HyperparameterError(f"{method}: {name}={value!r} is out of range: {_named(name, symbol)} is not finite")
     return value if type(value) in (int, float) else float(value)  # ints stay ints: messages and records show what was given
 
-_SYMBOL = re.compile(r'^([α-ωΑ-Ω][ᵢₜ]?|[A-Za-z][ᵢₜ])(?=[\s,:;]|$)')   # λ, λᵢ, α, ρ, wᵢ: the paper's letter a docment opens with
+_SYMBOL = re.compile(r'^([α-ωΑ-Ω][ᵢₜ]?|[A-Za-z][ᵢₜ])(?=[\s,:;]|$)')   # λ, λᵢ, α, ρ, wᵢ: a docment's opening letter
 
 def _named(name:str, symbol:str='')->str:
     "A hyperparameter as messages name it: its name, and the paper's letter for it when it has one ('scaling_factor (λ)')."
@@ -348,8 +349,8 @@ def check_finite_hypers(values:Mapping, # hyperparameter name → a number, or a
             if isinstance(x, numbers.Real) and not isinstance(x, bool) and not (math.isfinite(x) and abs(x) <= limit):
                 which = name if i is None else f"{name}[{i!r}]"
                 label = _named(which, getattr((hypers or {}).get(name), 'symbol', ''))
-                raise HyperparameterError(f"{where}{which}={x!r} is out of range: {label} " + ('is not finite' if not math.isfinite(x)
-                                          else f"is too large to compute with (at most {limit:.4g} in magnitude)"))
+                why = 'is not finite' if not math.isfinite(x) else f"is too large to compute with (at most {limit:.4g} in magnitude)"
+                raise HyperparameterError(f"{where}{which}={x!r} is out of range: {label} {why}")
     return values
 
 # %% ../../nbs/methods/20_registry.ipynb #f0d079fa

@@ -97,7 +97,8 @@ def _multislerp_rule(pretrained, experts,
     if normalize_weights and sum(w.values()) == 0:   # mergekit divides by the sum: NaN in every tensor
         raise HyperparameterError(f"multislerp: the weights sum to 0 ({listed}), and normalize_weights divides them by their sum; "
                                   "give weights whose sum is not 0 (e.g. 1 each), or normalize_weights: false")
-    if not any(w.values()): raise HyperparameterError(f"multislerp: every weight is 0 ({listed}): no direction to average; give one that is not 0")
+    if not any(w.values()):
+        raise HyperparameterError(f"multislerp: every weight is 0 ({listed}): no direction to average; give one that is not 0")
     def merge_tensor(key, pre, ts):
         xs = torch.stack([ts[n] if pre is None else ts[n] - pre for n in names])
         out = multislerp_tensor(xs, torch.tensor([w[n] for n in names]), normalize_weights, eps, key)

@@ -145,7 +145,8 @@ def save_card(card, # the new card: a huggingface_hub ModelCard, or its text (No
     if card is None: return None
     name = CARD_BESIDE if theirs else 'README.md'
     atomic_write_text(tmp/name, mark_card(str(card)))
-    if theirs: log(f"kept {str(old)!r}: it was edited (or not written by fusion_nb); this export's card is {str(Path(out_dir)/name)!r}")
+    if theirs: log(f"kept {str(old)!r}: it was edited (or not written by fusion_nb); this export's card is "
+                   f"{str(Path(out_dir)/name)!r}")
     return name
 
 # %% ../../nbs/reproduce/93_export.ipynb #31b86448
@@ -158,7 +159,8 @@ def check_finite_after_cast(weights:Mapping, # key → tensor, already in the dt
             why = ("it overflows that dtype, or the merge made them): export in float32 or bfloat16, or merge with smaller weights"
                    if v.dtype == torch.float16 else "the merge made them, or an expert holds them): nothing was written; check the "
                    "experts and the size of the hyperparameters")
-            raise NonFiniteError(f"{what}: tensor {k!r} holds {int((~torch.isfinite(v)).sum())} NaN/Inf value(s) in {v.dtype} ({why}")
+            n = int((~torch.isfinite(v)).sum())
+            raise NonFiniteError(f"{what}: tensor {k!r} holds {n} NaN/Inf value(s) in {v.dtype} ({why}")
     return weights
 
 # %% ../../nbs/reproduce/93_export.ipynb #356e5785
@@ -242,8 +244,8 @@ def check_extra_files(extra_files:Mapping|None, # name in the export folder → 
     for name, f in (extra_files or {}).items():
         p = Path(str(name))
         if p.is_absolute() or '..' in p.parts or not p.parts:
-            raise FusionError(f"extra_files: {str(name)!r} is not a name inside the export folder (an absolute path, or one with "
-                              "'..', would write outside it): give a relative name such as 'notes.txt' or 'artefacts/coefficients.pt'")
+            raise FusionError(f"extra_files: {str(name)!r} is not a name inside the export folder (an absolute path, or one "
+                              "with '..', would write outside it): give a relative name such as 'notes.txt' or 'artefacts/c.pt'")
         if p.parts[0] in EXPORT_FILES: raise FusionError(_collides(name, p.parts[0]))
         if not Path(f).is_file(): raise FusionError(f"extra_files[{str(name)!r}]: {str(f)!r} is not a file")
         out[p.as_posix()] = Path(f)
@@ -278,8 +280,9 @@ def result_method(info:Mapping, # the result's `.info`
         raise FusionError("export_model: the result does not say which method made it (no .info['method']); pass method=")
     m = MERGE_METHODS[method if method is not None else made]
     if made is not None and _declared(made) != m.name:
-        raise FusionError(f"export_model: method={method!r}, but the result was made by {made!r} (its .info['method']): the card and "
-                          f"inputs.json would describe another merge. Leave method= out (the result's is used), or export a result of {method!r}")
+        raise FusionError(f"export_model: method={method!r}, but the result was made by {made!r} (its .info['method']): the card "
+                          "and inputs.json would describe another merge. Leave method= out (the result's is used), or export a "
+                          f"result of {method!r}")
     return m
 
 # %% ../../nbs/reproduce/93_export.ipynb #21684c83
