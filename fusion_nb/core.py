@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #e6bb2da9
 from __future__ import annotations
-import ast, contextlib, difflib, hashlib, inspect, json, os, random, re, shutil, tempfile, threading, time
+import ast, contextlib, difflib, errno, hashlib, inspect, json, os, random, re, shutil, tempfile, threading, time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -15,11 +15,12 @@ import torch
 
 # %% auto #0
 __all__ = ['COMPUTE_ENV', 'PROGRESS_MODES', 'AST_FIELDS_AFTER_311', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError',
-           'UnknownNameError', 'HyperparameterError', 'check_range', 'Registry', 'seed_everything', 'get_device',
-           'get_dtype', 'compute_env', 'current_umask', 'honour_umask', 'remove_stale_temps', 'atomic_write',
-           'atomic_write_text', 'atomic_dir', 'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'build_seed',
-           'read_pins', 'restore_pin', 'save_pin', 'pinned_differences', 'cached_builds', 'progress_mode', 'heartbeat',
-           'project_root', 'check_known_keys', 'ast_text', 'json_digest', 'code_digest']
+           'UnknownNameError', 'HyperparameterError', 'WriteError', 'check_range', 'Registry', 'seed_everything',
+           'get_device', 'get_dtype', 'compute_env', 'current_umask', 'honour_umask', 'remove_stale_temps',
+           'human_bytes', 'tree_size', 'write_error', 'atomic_write', 'atomic_write_text', 'atomic_dir', 'file_hashes',
+           'pins_dir', 'pin_key', 'pinning', 'build_seed', 'read_pins', 'restore_pin', 'save_pin', 'pinned_differences',
+           'cached_builds', 'progress_mode', 'heartbeat', 'project_root', 'check_known_keys', 'ast_text', 'json_digest',
+           'code_digest']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -41,6 +42,12 @@ class UnknownNameError(FusionError, LookupError):
 # %% ../nbs/00_core.ipynb #b899ada6
 class HyperparameterError(FusionError, ValueError):
     "A hyperparameter outside its valid range."
+
+# %% ../nbs/00_core.ipynb #5155520c
+class WriteError(FusionError, OSError):
+    "Writing an output failed: its disk is full or its folder is not writable (named as the user gave it, not a temporary)."
+    def __init__(self, message:str, path:Path, written:int=0, errno_:int|None=None):
+        super().__init__(message); self.path, self.written, self.errno = Path(path), written, errno_
 
 # %% ../nbs/00_core.ipynb #bbf916f7
 def check_range(name:str, # hyperparameter name, used in the message
@@ -174,24 +181,88 @@ def remove_stale_temps(folder:str|Path, # where atomic writes put their temporar
         gone.append(p)
     return gone
 
+# %% ../nbs/00_core.ipynb #9c4afd66
+_DISK_FULL, _NOT_WRITABLE = {errno.ENOSPC, errno.EDQUOT}, {errno.EACCES, errno.EPERM, errno.EROFS}
+
+def human_bytes(n:float)->str:
+    "`n` bytes as people write them: 512 B, 3.4 MB, 1.2 GB (powers of 1000, as `df -H`)."
+    for unit in ('B', 'kB', 'MB', 'GB', 'TB'):
+        if abs(n) < 1000 or unit == 'TB': return f"{n:.0f} {unit}" if unit == 'B' else f"{n:.1f} {unit}"
+        n /= 1000
+
+def tree_size(path:str|Path)->int:
+    "Bytes of the file `path`, or of every file under the folder `path` (0 if it is gone)."
+    p = Path(path)
+    if p.is_file(): return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob('*') if f.is_file() and not f.is_symlink()) if p.is_dir() else 0
+
+# %% ../nbs/00_core.ipynb #20ca8c22
+def _existing(p:Path)->Path:
+    "The nearest folder of `p` (itself or a parent) that exists: where `df` and `ls -ld` can look."
+    return next((q for q in [p, *p.parents] if q.exists()), Path('/'))
+
+def write_error(e:BaseException, # what writing raised: an OSError, or safetensors' SafetensorError
+                path:str|Path, # the user's file or folder being written
+                written:int=0, # bytes written before it failed (the partial output, already removed)
+                needs:int|None=None, # about how many bytes the whole output takes (None: not known)
+               )->WriteError|None:
+    "A `WriteError` naming `path` and what to do, when `e` says its disk is full or its folder is not writable; else None."
+    path, no, text = Path(path), getattr(e, 'errno', None), str(e)
+    if no in _DISK_FULL or 'No space left on device' in text or 'Disk quota exceeded' in text:
+        free = shutil.disk_usage(_existing(path.parent)).free
+        more = max(needs - free, 0) if needs else written
+        what = (f"it needs about {human_bytes(needs)}, and {human_bytes(free)} is free now" if needs else
+                f"{human_bytes(written)} had been written when it filled; {human_bytes(free)} is free now")
+        return WriteError(f"cannot write {str(path)!r}: no space left on its disk ({what}; the partial output was removed). "
+                          f"Free at least {human_bytes(more or written or 1 << 20)} there, or write it elsewhere",
+                          path, written, errno.ENOSPC)
+    if no in _NOT_WRITABLE:
+        folder = _existing(path.parent)
+        why = 'is on a read-only file system' if no == errno.EROFS else f'is not writable ({e.strerror or text})'
+        return WriteError(f"cannot write {str(path)!r}: its folder {str(folder)!r} {why}. Choose a writable folder, "
+                          "or make that one writable (chmod u+w)", path, written, no)
+    return None
+
 # %% ../nbs/00_core.ipynb #3fb05ec8
+def _about(e:BaseException, tmp:Path, path:Path)->bool:
+    "Whether `e` is about writing `path` (through `tmp`), not about reading an input: no file named, or one of ours."
+    f = getattr(e, 'filename', None)
+    if f is None: return True
+    f = Path(f)
+    ours = f.parent == path.parent and f.name.startswith(f'.{path.name}.')   # another temporary of ours (the old folder, moved)
+    return f == tmp or tmp in f.parents or f == path or f == path.parent or ours
+
+@contextlib.contextmanager
+def _start_writing(path:Path)->Iterator[None]:
+    "Errors of making `path`'s folder and temporary, as a `WriteError` naming `path` (a read-only folder, a full disk)."
+    try: yield
+    except OSError as e:
+        err = write_error(e, path)
+        if err is None: raise
+        raise err from e
+
+# %% ../nbs/00_core.ipynb #b9b89c42
 @contextlib.contextmanager
 def atomic_write(path:str|Path, # destination file
                  mode:str='w', # 'w' for text, 'wb' for bytes
                  **kwargs)->Iterator:
     "Open a temporary file beside `path`; on success move it over `path` (mode from the umask), on error remove it."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix='.tmp')
+    path = Path(path)
+    with _start_writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True); remove_stale_temps(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix='.tmp')
     try:
         os.fchmod(fd, 0o666 & ~current_umask())   # mkstemp makes 0600; a plain open() would honour the umask
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush(); os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        written = tree_size(tmp)
         with contextlib.suppress(FileNotFoundError): os.unlink(tmp)
-        raise
+        err = write_error(e, path, written) if _about(e, Path(tmp), path) else None
+        if err is None: raise
+        raise err from e
 
 # %% ../nbs/00_core.ipynb #bee86eb5
 def atomic_write_text(path:str|Path, text:str)->Path:
@@ -212,11 +283,14 @@ def _folder_lock(folder:Path)->Iterator[None]:
 
 # %% ../nbs/00_core.ipynb #d2d143b2
 @contextlib.contextmanager
-def atomic_dir(path:str|Path)->Iterator[Path]:
+def atomic_dir(path:str|Path, # the folder to write
+               needs:int|None=None, # about how many bytes it will take (said when the disk fills)
+              )->Iterator[Path]:
     "Yield a temporary folder beside `path`; on success it replaces `path` whole, on error it is removed."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(path.parent)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix='.tmp'))
+    path = Path(path)
+    with _start_writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True); remove_stale_temps(path.parent)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix='.tmp'))
     try:
         os.chmod(tmp, 0o777 & ~current_umask())   # mkdtemp makes 0700
         yield tmp
@@ -226,9 +300,13 @@ def atomic_dir(path:str|Path)->Iterator[Path]:
                 old = path.with_name(f".{path.name}.{os.getpid()}.old.tmp")
                 os.replace(path, old); os.replace(tmp, path); shutil.rmtree(old, ignore_errors=True)
             else: os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    except BaseException as e:
+        written = tree_size(tmp); shutil.rmtree(tmp, ignore_errors=True)
+        inner = isinstance(e, WriteError) and (e.path == tmp or tmp in e.path.parents)   # a nested atomic write named our tmp
+        cause = e.__cause__ if inner and e.__cause__ is not None else e
+        err = write_error(cause, path, max(written, getattr(e, 'written', 0)), needs) if inner or _about(e, tmp, path) else None
+        if err is None: raise
+        raise err from cause
 
 # %% ../nbs/00_core.ipynb #cd22474b
 def _sha256_file(path:Path)->str:

@@ -3,8 +3,11 @@
 Each row of `LIBRARY` is (case, setup → callable, expected exception type, message fragments); each row of `CLI` is
 (case, setup, fusion-nb arguments, exit status, stderr fragments). A change that regresses a message or lets a raw
 traceback through fails here. The last tests check that damaged built data is repaired, not trusted.
+
+Issue 51 (nothing lost, nothing silent: the export API, mergekit-schema values, the errors a full disk gives) lists
+sixteen defects; `ISSUE_51` below says where each is tested, and `test_issue_51_items_are_all_tested` keeps it true.
 """
-import json, os, subprocess, sys
+import errno, json, os, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -139,6 +142,36 @@ def truncated_arrow(tmp):
     from fusion_nb.pools import Task
     return lambda: Task('toy', d).load()
 
+# --- issue 51 (items 11, 13, 16: i51) ---------------------------------------------------------------------------------
+
+def nan_lambda(tmp):
+    from fusion_nb.merge import merge
+    return lambda: merge('ties_merging', {'w': torch.zeros(3)}, {'a': {'w': torch.ones(3)}}, scaling_factor=float('nan'), progress=False)
+
+def multislerp_weights_summing_to_0(tmp):
+    from fusion_nb.merge import merge
+    e = {n: {'w': torch.tensor(v)} for n, v in {'a': [1., 0.], 'b': [0., 1.], 'c': [1., 1.]}.items()}
+    return lambda: merge('multislerp', None, e, weight=[0, 0, 0], progress=False)
+
+def read_only_output_folder(tmp):
+    "As a read-only folder refuses the temporary (made by hand: root, as CI runs, writes anywhere)."
+    from unittest import mock
+    from fusion_nb.core import atomic_dir
+    def refused(*a, dir=None, prefix='', **k): raise PermissionError(errno.EACCES, 'Permission denied', str(Path(dir)/f'{prefix}x.tmp'))
+    def write():
+        with mock.patch('tempfile.mkdtemp', refused), atomic_dir(tmp/'out'): pass
+    return write
+
+def disk_fills_while_writing(tmp):
+    "As safetensors reports a full disk halfway through a model (made by hand: no real disk is filled)."
+    from safetensors import SafetensorError
+    from fusion_nb.core import atomic_dir
+    def write():
+        with atomic_dir(tmp/'out') as t:
+            (t/'model.safetensors').write_bytes(b'0' * 5000)
+            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
+    return write
+
 LIBRARY = [  # case, setup, exception, message fragments (all must appear), fragments that must not
     ('settings.ini with a non-UTF-8 byte', non_utf8_settings, FusionError, ['settings.ini is not UTF-8 text: byte 0xe9 on line 3'], []),
     ('misspelt settings.ini key', misspelt_key, FusionError, ["profile 'p'", "unknown key 'bach_size' (did you mean 'batch_size'"], []),
@@ -165,6 +198,15 @@ LIBRARY = [  # case, setup, exception, message fragments (all must appear), frag
     ('6: save_state_dict with NaN', nan_weights_saved, NonFiniteError, ["w.safetensors': tensor 'w' holds 1 NaN and 0 Inf value(s)"], []),
     ('11: truncated .arrow file', truncated_arrow, FusionError,
      ["dataset of task 'toy': split 'test' of", "cannot be read: one of its files (data-00000-of-00001.arrow) is truncated or corrupt"], []),
+    # issue 51
+    ('51.11: a read-only output folder', read_only_output_folder, FusionError,
+     ["/out': its folder", 'is not writable (Permission denied). Choose a writable folder, or make that one writable'], ['.tmp']),
+    ('51.11: the disk fills while writing', disk_fills_while_writing, FusionError,
+     ["/out': no space left on its disk (5.0 kB had been written when it filled", 'the partial output was removed). Free at least 5.0 kB'],
+     ['.tmp', 'SafetensorError', 'IoError']),
+    ('51.13: scaling_factor = nan', nan_lambda, HyperparameterError, ['ties_merging: scaling_factor=nan is out of range: scaling_factor (λ) is not finite'], []),
+    ('51.16: multislerp weight=[0, 0, 0]', multislerp_weights_summing_to_0, HyperparameterError,
+     ['multislerp: the weights sum to 0 (a: 0, b: 0, c: 0), and normalize_weights divides them by their sum'], ['NaN']),
 ]
 
 @pytest.mark.parametrize('case, setup, exc, parts, absent', LIBRARY, ids=[c[0] for c in LIBRARY])
@@ -240,6 +282,44 @@ ELSEWHERE_26 = [
 def test_issue_26_items_tested_elsewhere(item, path, test, fragment):
     text = (Path(__file__).parents[1]/path).read_text()
     assert test in text and fragment in text, (item, path)
+
+# --- issue 51: where each of its sixteen items is tested ---------------------------------------------------------------
+# (item, file, test, a fragment that test asserts). Rows with a fragment are checked below; rows without one are tested by
+# other changes of the same issue (the mergekit-schema items and consensus_k) and get their fragment when those land.
+ISSUE_51 = [
+    ("1: export_model(extra_files={'../notes.txt': f}) wrote outside the folder; 'model.safetensors' replaced the weights",
+     'tests/reproduce/test_export.py', 'test_issue_51_1_extra_files_stay_inside_the_folder_and_replace_nothing_it_writes',
+     "is not a name inside the export folder"),
+    ('2: rerunning fusion-nb merge into an earlier export replaced the README.md the user edited',
+     'tests/reproduce/test_export.py', 'test_issue_51_2_fusion_nb_merge_rerun_keeps_the_edited_card', "(out/'README.md').read_text() == edited"),
+    ('3: mergekit normalize: "no" (quoted) merged as normalize: true', 'tests/reproduce/test_bad_mergekit_inputs.py', 'item 3', None),
+    ('4: consensus_k larger than the number of experts returned θ₀', 'tests/methods/test_sota_methods.py or nbs/methods/44_consensus.ipynb', 'item 4', None),
+    ('5: export_model wrote NaN without dtype=, and integers with dtype=torch.int8', 'tests/reproduce/test_export.py',
+     'test_issue_51_5_non_float_dtypes_are_refused', 'is not a float dtype: export in one of float32, float16, bfloat16, float64'),
+    ("6: export_model(result, method='ties_merging') of a task-arithmetic result wrote a TIES card", 'tests/reproduce/test_export.py',
+     'test_issue_51_6_a_method_other_than_the_results_is_refused', "but the result was made by 'task_arithmetic'"),
+    ('7: a deeper expert merged into a shallower base dropped its extra layer', 'tests/reproduce/test_bad_mergekit_inputs.py', 'item 7', None),
+    ('8: duplicate YAML keys: the last won', 'tests/reproduce/test_bad_mergekit_inputs.py', 'item 8', None),
+    ('9: mergekit nuslerp with weights 0 and 0 merged', 'tests/reproduce/test_bad_mergekit_inputs.py', 'item 9', None),
+    ("10: weight: abc / density: '50%' gave a raw ValueError", 'tests/reproduce/test_bad_mergekit_inputs.py', 'item 10', None),
+    ('11: a read-only output folder named the temporary; a full disk gave a raw SafetensorError', 'tests/test_bad_inputs.py',
+     'disk_fills_while_writing', 'no space left on its disk'),
+    ('11: ... the same through export_model (how much to free: what the export needs)', 'tests/reproduce/test_export.py',
+     'test_issue_51_11_a_full_disk_names_the_folder_and_what_to_free', 'Free at least'),
+    ("12: mergekit parameters reported under this project's names, no model named", 'tests/reproduce/test_bad_mergekit_inputs.py', 'item 12', None),
+    ('13: lambda: .nan named no parameter', 'tests/test_bad_inputs.py', 'nan_lambda', 'scaling_factor (λ) is not finite'),
+    ('14: a GPT-2 expert beside a Llama base: a made-up name, no path', 'tests/reproduce/test_bad_mergekit_inputs.py', 'item 14', None),
+    ('15: models: [] said "expected a list"', 'tests/reproduce/test_bad_mergekit_inputs.py', 'item 15', None),
+    ('16: multislerp with weight=[0, 0, 0]: a NaN error without the cause', 'tests/test_bad_inputs.py', 'multislerp_weights_summing_to_0',
+     'the weights sum to 0 (a: 0, b: 0, c: 0)'),
+]
+
+def test_issue_51_items_are_all_tested():
+    assert sorted({int(i[0].split(':')[0]) for i in ISSUE_51}) == list(range(1, 17))
+    for item, path, test, fragment in ISSUE_51:
+        if fragment is None: continue
+        text = (Path(__file__).parents[1]/path).read_text()
+        assert test in text and fragment in text, (item, path)
 
 # --- issue 26 on the command line (items 2, 7, 12, 13: i26) ----------------------------------------------------------
 

@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/methods/registry.html.md"""
 
 # %% ../../nbs/methods/20_registry.ipynb #ad9a356d
 from __future__ import annotations
-import difflib, hashlib, inspect, json, math, numbers, sys
+import difflib, hashlib, inspect, json, math, numbers, re, sys
 from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
@@ -27,7 +27,8 @@ from ..algebra import assert_finite, check_compatible, tensor_meta
 __all__ = ['MERGE_METHODS', 'TOY_SHAPES', 'NO_DEFAULT', 'RULE_RUNTIME', 'FUSE_RUNTIME', 'KINDS', 'MergedStateDict',
            'as_state_dict', 'check_pool', 'tensor_dtype', 'compute_dtype', 'all_finite', 'read_tensor', 'check_models',
            'merge_streaming', 'toy_pool', 'flat_vector', 'write_merged', 'tensor_generator', 'check_choice',
-           'expert_weights', 'check_interval', 'Hyper', 'signature_hypers', 'MergeMethod', 'declare', 'OutputWeights']
+           'expert_weights', 'check_interval', 'Hyper', 'check_finite_hypers', 'signature_hypers', 'MergeMethod',
+           'declare', 'OutputWeights']
 
 # %% ../../nbs/methods/20_registry.ipynb #e89fed89
 MERGE_METHODS = Registry('merge method')
@@ -273,14 +274,21 @@ def check_interval(name:str, # hyperparameter name, used in the message
     return check_range(name, value, low, high, interval.strip()[0] == '[', interval.strip()[-1] == ']')
 
 # %% ../../nbs/methods/20_registry.ipynb #8c215984
-def _number(name, value, method):
+def _number(name, value, method, symbol:str=''):
     if isinstance(value, str):
         try: value = float(value.strip())
         except ValueError: raise HyperparameterError(f"{method}: {name}={value!r} is not a number") from None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise HyperparameterError(f"{method}: {name}={value!r} is not a number (got {type(value).__name__})")
-    if not math.isfinite(value): raise HyperparameterError(f"{method}: {name}={value!r} is out of range: not a finite number")
+    if not math.isfinite(value):
+        raise HyperparameterError(f"{method}: {name}={value!r} is out of range: {_named(name, symbol)} is not finite")
     return value if type(value) in (int, float) else float(value)  # ints stay ints: messages and records show what was given
+
+_SYMBOL = re.compile(r'^([α-ωΑ-Ω][ᵢₜ]?|[A-Za-z][ᵢₜ])(?=[\s,:;]|$)')   # λ, λᵢ, α, ρ, wᵢ: a docment's opening letter
+
+def _named(name:str, symbol:str='')->str:
+    "A hyperparameter as messages name it: its name, and the paper's letter for it when it has one ('scaling_factor (λ)')."
+    return f"{name} ({symbol})" if symbol else name
 
 # %% ../../nbs/methods/20_registry.ipynb #7cf94ebb
 class _NoDefault:
@@ -299,6 +307,12 @@ class Hyper:
     choices:tuple|None=None # allowed values
     per_expert:bool=False # also one value per expert: a dict by expert name or a list in pool order
 
+    @property
+    def symbol(self)->str:
+        "The paper's letter for it, read from the start of its meaning ('λ, applied to …' → 'λ'); '' if it has none."
+        m = _SYMBOL.match(self.doc)
+        return m[1] if m else ''
+
     def coerce(self, name:str, value:Any, method:str='merge')->Any:
         "`value` converted to the declared type and checked; `HyperparameterError` naming `name` otherwise."
         if value is None and self.default is None: return None
@@ -308,7 +322,7 @@ class Hyper:
 
     def _one(self, name, value, method):
         if self.type in (int, float):
-            value = _number(name, value, method)
+            value = _number(name, value, method, self.symbol)
             if self.type is int:
                 if value != int(value): raise HyperparameterError(f"{method}: {name}={value!r} is not a whole number")
                 value = int(value)
@@ -322,6 +336,22 @@ class Hyper:
         if self.interval is not None: check_interval(f"{method}: {name}", value, self.interval)
         return value
 
+
+# %% ../../nbs/methods/20_registry.ipynb #62ba26c7
+def check_finite_hypers(values:Mapping, # hyperparameter name → a number, or a list or dict of them (one per expert)
+                        hypers:Mapping|None=None, # name → Hyper: the paper's letter for each, in the message
+                        where:str='', # what the message starts with, e.g. "tensor 'x': "
+                        limit:float=math.inf, # largest magnitude allowed (float32's largest, where merges compute in float32)
+                       )->Mapping:
+    "`values`, if every number in them is finite and within `limit`; else `HyperparameterError` naming the first that is not."
+    for name, v in values.items():
+        for i, x in (v.items() if isinstance(v, Mapping) else enumerate(v) if isinstance(v, (list, tuple)) else [(None, v)]):
+            if isinstance(x, numbers.Real) and not isinstance(x, bool) and not (math.isfinite(x) and abs(x) <= limit):
+                which = name if i is None else f"{name}[{i!r}]"
+                label = _named(which, getattr((hypers or {}).get(name), 'symbol', ''))
+                why = 'is not finite' if not math.isfinite(x) else f"is too large to compute with (at most {limit:.4g} in magnitude)"
+                raise HyperparameterError(f"{where}{which}={x!r} is out of range: {label} {why}")
+    return values
 
 # %% ../../nbs/methods/20_registry.ipynb #f0d079fa
 RULE_RUNTIME = ('info', 'runtime')  # what a rule takes besides its hyperparameters (each only if it names it)

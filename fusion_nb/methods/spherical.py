@@ -69,6 +69,8 @@ def multislerp_tensor(xs:Tensor, # (n, ...) the tensors (or task vectors)
                      )->Tensor:
     "mergekit's multislerp: weighted barycentre on the sphere via the tangent space at the mean direction, times the mean norm."
     if len(xs) == 1: return xs[0]
+    if normalize_weights and float(weights.sum()) == 0:
+        raise HyperparameterError(f"multislerp: the weights {weights.tolist()} sum to 0, and normalize_weights divides by their sum")
     w = weights.to(xs.dtype); w = w / w.sum() if normalize_weights else w
     flat = xs.reshape(len(xs), -1)
     norms = flat.norm(dim=1, keepdim=True)
@@ -91,6 +93,12 @@ def _multislerp_rule(pretrained, experts,
     "Per tensor multislerp of the experts (their task vectors where θ₀ is given)."
     names = list(experts)
     w = expert_weights(weight, names, name='weight')
+    listed = ', '.join(f'{n}: {v:g}' for n, v in w.items())
+    if normalize_weights and sum(w.values()) == 0:   # mergekit divides by the sum: NaN in every tensor
+        raise HyperparameterError(f"multislerp: the weights sum to 0 ({listed}), and normalize_weights divides them by their sum; "
+                                  "give weights whose sum is not 0 (e.g. 1 each), or normalize_weights: false")
+    if not any(w.values()):
+        raise HyperparameterError(f"multislerp: every weight is 0 ({listed}): no direction to average; give one that is not 0")
     def merge_tensor(key, pre, ts):
         xs = torch.stack([ts[n] if pre is None else ts[n] - pre for n in names])
         out = multislerp_tensor(xs, torch.tensor([w[n] for n in names]), normalize_weights, eps, key)

@@ -6,9 +6,9 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/export.html.md"""
 
 # %% ../../nbs/reproduce/93_export.ipynb #1f4b2bda
 from __future__ import annotations
-import json, shutil
+import hashlib, json, re, shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 import torch
@@ -22,8 +22,10 @@ from ..methods.ensemble import is_ensemble
 import fusion_nb
 
 # %% auto #0
-__all__ = ['EXPORT_KINDS', 'PIPELINE_TAGS', 'CLASS_NOTES', 'merged_weights', 'card_data', 'card_page', 'model_card',
-           'check_finite_after_cast', 'check_export_dir', 'export_model', 'check_repo_id', 'check_push', 'push_to_hub']
+__all__ = ['EXPORT_KINDS', 'PIPELINE_TAGS', 'CLASS_NOTES', 'CARD_BESIDE', 'EXPORT_DTYPES', 'EXPORT_FILES', 'merged_weights',
+           'card_data', 'card_page', 'model_card', 'mark_card', 'card_is_ours', 'save_card', 'check_finite_after_cast',
+           'export_dtype', 'check_export_dir', 'check_extra_files', 'result_method', 'export_model', 'check_repo_id',
+           'check_push', 'push_to_hub']
 
 # %% ../../nbs/reproduce/93_export.ipynb #33a6b446
 EXPORT_KINDS = {'vision': 'CLIPVisionModel', 'clip': 'CLIPModel'}  # kind → the transformers class of the folder
@@ -115,6 +117,38 @@ def model_card(method:str, # the declared merge method (name or alias)
     data = card_data(m, hp, base_model, experts, kind)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + card_page(m, hp, base_model, experts, kind, results, config, repo_id, title))
 
+# %% ../../nbs/reproduce/93_export.ipynb #ea2d18ee
+CARD_BESIDE = 'README.fusion_nb.md'  # this export's card, when the folder's README.md is the user's
+_CARD_MARK = re.compile(r'\n<!-- fusion_nb model card, sha256 of the text above: ([0-9a-f]{64})[^\n]*-->\n*\Z')
+
+def mark_card(text:str)->str:
+    "`text` with a closing hidden comment holding its SHA-256, by which a later export tells its own card from an edited one."
+    body = text.rstrip('\n') + '\n'
+    return body + (f"\n<!-- fusion_nb model card, sha256 of the text above: {hashlib.sha256(body.encode()).hexdigest()}. "
+                   f"Edit freely: a later export into this folder keeps an edited card and writes its own as {CARD_BESIDE} -->\n")
+
+def card_is_ours(text:str)->bool:
+    "Whether `text` is a card fusion_nb wrote, unchanged since (its mark matches the text above it)."
+    m = _CARD_MARK.search(text)
+    return bool(m) and hashlib.sha256(text[:m.start()].encode()).hexdigest() == m[1]
+
+# %% ../../nbs/reproduce/93_export.ipynb #b397a9ef
+def save_card(card, # the new card: a huggingface_hub ModelCard, or its text (None: no card)
+              tmp:Path, # the export being written
+              out_dir:str|Path, # the folder it replaces (an earlier export, or nothing yet)
+              log:Callable=print, # where the note goes when the user's card is kept
+             )->str|None:
+    "Write `card` into `tmp` as README.md, or beside the earlier export's README.md when the user edited that one (kept)."
+    old = Path(out_dir)/'README.md'
+    theirs = old.is_file() and not card_is_ours(old.read_text(encoding='utf-8', errors='replace'))
+    if theirs: shutil.copy2(old, tmp/'README.md')
+    if card is None: return None
+    name = CARD_BESIDE if theirs else 'README.md'
+    atomic_write_text(tmp/name, mark_card(str(card)))
+    if theirs: log(f"kept {str(old)!r}: it was edited (or not written by fusion_nb); this export's card is "
+                   f"{str(Path(out_dir)/name)!r}")
+    return name
+
 # %% ../../nbs/reproduce/93_export.ipynb #31b86448
 def check_finite_after_cast(weights:Mapping, # key → tensor, already in the dtype to be saved
                             what:str='the export', # named in the message
@@ -122,16 +156,30 @@ def check_finite_after_cast(weights:Mapping, # key → tensor, already in the dt
     "`weights`, if every floating tensor is finite in its (saved) dtype; else `NonFiniteError` naming the first tensor and its dtype."
     for k, v in weights.items():
         if v.is_floating_point() and not all_finite(v):
-            raise NonFiniteError(f"{what}: tensor {k!r} holds {int((~torch.isfinite(v)).sum())} NaN/Inf value(s) in {v.dtype} "
-                                 "(it overflows that dtype, or the merge made them): export in float32 or bfloat16, or merge with smaller weights")
+            why = ("it overflows that dtype, or the merge made them): export in float32 or bfloat16, or merge with smaller weights"
+                   if v.dtype == torch.float16 else "the merge made them, or an expert holds them): nothing was written; check the "
+                   "experts and the size of the hyperparameters")
+            n = int((~torch.isfinite(v)).sum())
+            raise NonFiniteError(f"{what}: tensor {k!r} holds {n} NaN/Inf value(s) in {v.dtype} ({why}")
     return weights
 
 # %% ../../nbs/reproduce/93_export.ipynb #356e5785
-def _cast(weights:Mapping, dtype)->Mapping:
-    "`weights` with floating tensors in `dtype` (None: as they are), checked finite after the cast."
-    if dtype is None: return weights
+EXPORT_DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16, 'float64': torch.float64}
+
+def export_dtype(dtype)->torch.dtype|None:
+    "`dtype` as a torch dtype if weights may be saved in it (a float dtype); None stays None (the merged weights' own)."
+    if dtype is None: return None
     dt = get_dtype(dtype)
-    return check_finite_after_cast({k: v.to(dt) if v.is_floating_point() else v for k, v in weights.items()}, f'dtype {dtype}')
+    if dt not in EXPORT_DTYPES.values():
+        raise FusionError(f"dtype {dtype} is not a float dtype: export in one of {', '.join(EXPORT_DTYPES)} (the weights are "
+                          "floats; an integer dtype would round every one of them)")
+    return dt
+
+def _cast(weights:Mapping, dtype)->Mapping:
+    "`weights` with floating tensors in `dtype` (None: as they are), checked finite (in the dtype they will be saved in)."
+    dt = export_dtype(dtype)
+    cast = weights if dt is None else {k: v.to(dt) if v.is_floating_point() else v for k, v in weights.items()}
+    return check_finite_after_cast(cast, 'the merged weights' if dt is None else f'dtype {dtype}')
 
 # %% ../../nbs/reproduce/93_export.ipynb #74254ad0
 def _write_clip(weights:Mapping, tmp:Path, base_dir:Path, dtype)->None:
@@ -144,7 +192,7 @@ def _write_clip(weights:Mapping, tmp:Path, base_dir:Path, dtype)->None:
     check_vision_state_dict(weights, clip.config.vision_config, 'merged model')
     with torch.no_grad():
         for k, t in clip.vision_model.state_dict().items(): t.copy_(weights[k])
-    check_finite_after_cast(clip.vision_model.state_dict(), f'dtype {dtype}')
+    check_finite_after_cast(clip.vision_model.state_dict(), 'the merged weights' if dtype is None else f'dtype {dtype}')
     clip.save_pretrained(tmp)
 
 # %% ../../nbs/reproduce/93_export.ipynb #2c222703
@@ -183,13 +231,59 @@ def _run_inputs(inputs, # None, a dict, or a run's inputs.json
     return json.loads(Path(inputs).read_text())
 
 # %% ../../nbs/reproduce/93_export.ipynb #1d064007
-def _write_model(weights:Mapping, tmp:Path, src_dir:Path, kind:str, dtype, extra_files:Mapping|None)->None:
-    "The model, its preprocessing and the extra files, into the new, empty folder `tmp`."
-    if kind == 'vision': save_vision_model(_cast(weights, dtype), tmp, src_dir)
+EXPORT_FILES = ('config.json', 'model.safetensors', 'model.safetensors.index.json', 'preprocessor_config.json', 'README.md',
+                CARD_BESIDE, 'inputs.json')  # what an export writes itself (a whole CLIP: its tokenizer's files too)
+
+def _collides(name, written)->str:
+    return f"extra_files: {str(name)!r} would replace {written}, which the export writes itself; give it another name"
+
+def check_extra_files(extra_files:Mapping|None, # name in the export folder → the file to copy there
+                     )->dict[str, Path]:
+    "`extra_files` as relative name → file, if every name stays inside the folder and is not one the export writes itself."
+    out = {}
+    for name, f in (extra_files or {}).items():
+        p = Path(str(name))
+        if p.is_absolute() or '..' in p.parts or not p.parts:
+            raise FusionError(f"extra_files: {str(name)!r} is not a name inside the export folder (an absolute path, or one "
+                              "with '..', would write outside it): give a relative name such as 'notes.txt' or 'artefacts/c.pt'")
+        if p.parts[0] in EXPORT_FILES: raise FusionError(_collides(name, p.parts[0]))
+        if not Path(f).is_file(): raise FusionError(f"extra_files[{str(name)!r}]: {str(f)!r} is not a file")
+        out[p.as_posix()] = Path(f)
+    return out
+
+# %% ../../nbs/reproduce/93_export.ipynb #dc668a3d
+def _write_model(weights:Mapping, tmp:Path, src_dir:Path, kind:str, dtype, extra:Mapping[str, Path])->None:
+    "The model, its preprocessing and the extra files (checked: `check_extra_files`), into the new, empty folder `tmp`."
+    if kind == 'vision': save_vision_model(weights, tmp, src_dir)   # already in its dtype and checked finite (`_cast`)
     else: _write_clip(weights, tmp, src_dir, dtype)
     _write_processor(tmp, src_dir, kind)
-    for name, f in (extra_files or {}).items():
+    written = {p.name for p in tmp.iterdir()}
+    for name, f in extra.items():
+        if name.split('/')[0] in written: raise FusionError(_collides(name, name.split('/')[0]))   # e.g. a CLIP's tokenizer.json
         (tmp/name).parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(f, tmp/name)
+
+def _export_bytes(weights:Mapping, dtype, src_dir:Path, kind:str)->int:
+    "About how many bytes the export takes (a whole CLIP: the base model's files too): said when the disk fills."
+    dt = export_dtype(dtype)
+    n = sum(v.numel() * (dt.itemsize if dt is not None and v.is_floating_point() else v.element_size()) for v in weights.values())
+    return n + (sum(f.stat().st_size for f in src_dir.glob('*.safetensors')) if kind == 'clip' else 0)
+
+# %% ../../nbs/reproduce/93_export.ipynb #ab53731d
+def _declared(name:str)->str: return MERGE_METHODS[name].name if name in MERGE_METHODS else name
+
+def result_method(info:Mapping, # the result's `.info`
+                  method:str|None=None, # the method the caller names (None: the result's)
+                 )->MergeMethod:
+    "The declared method that made a result: `info['method']`, or `method`; both given and different: a `FusionError` naming both."
+    made = info.get('method')
+    if method is None and made is None:
+        raise FusionError("export_model: the result does not say which method made it (no .info['method']); pass method=")
+    m = MERGE_METHODS[method if method is not None else made]
+    if made is not None and _declared(made) != m.name:
+        raise FusionError(f"export_model: method={method!r}, but the result was made by {made!r} (its .info['method']): the card "
+                          "and inputs.json would describe another merge. Leave method= out (the result's is used), or export a "
+                          f"result of {method!r}")
+    return m
 
 # %% ../../nbs/reproduce/93_export.ipynb #21684c83
 def export_model(result, # what a merge returned (see `merged_weights`)
@@ -199,7 +293,7 @@ def export_model(result, # what a merge returned (see `merged_weights`)
                  experts:Mapping[str, str|Path]|None=None, # expert name → source, for the card (and the architecture without a base)
                  kind:str='vision', # 'vision' (CLIPVisionModel) or 'clip' (the base CLIPModel with the merged vision tower)
                  dtype=None, # dtype of the saved weights (default: the merged weights')
-                 method:str|None=None, # default: `result.info['method']`
+                 method:str|None=None, # default: `result.info['method']` (given as well: must be the same)
                  hyperparameters:Mapping|None=None, # default: the method's hyperparameters in `result.info`
                  results=None, # the run's results table (DataFrame or CSV file) for the card
                  inputs:Mapping|str|Path|None=None, # the run's inputs: a dict or an inputs.json file
@@ -207,27 +301,27 @@ def export_model(result, # what a merge returned (see `merged_weights`)
                  config:Mapping|None=None, # the merge config, shown on the card
                  repo_id:str|None=None, # hub repository it is meant for (loading example on the card)
                  extra_files:Mapping[str, str|Path]|None=None, # name in the folder → file to copy there
+                 log:Callable=print, # where a note goes (the user's edited README.md kept)
                 )->Path:
     "Write a fusion result as a folder `from_pretrained` loads, with a model card and the run's `inputs.json`, atomically."
     if kind not in EXPORT_KINDS: raise FusionError(f"unknown export kind {kind!r}: expected one of {', '.join(EXPORT_KINDS)}")
     weights, info = merged_weights(result), dict(getattr(result, 'info', None) or {})
-    method = method or info.get('method')
-    if method is None: raise FusionError("export_model: the result does not say which method made it (no .info['method']); pass method=")
-    m = MERGE_METHODS[method]
+    m = result_method(info, method)
     hp = dict(hyperparameters if hyperparameters is not None else {k: v for k, v in info.items() if k in m.hypers})
     experts = {str(k): str(v) for k, v in (experts or {}).items()}
     source = base_model if base_model is not None else next(iter(experts.values()), None)
     if source is None: raise FusionError("export_model needs base_model (or experts) to take the architecture and preprocessing from")
     if kind == 'clip' and base_model is None: raise FusionError("kind='clip' needs base_model: the CLIPModel whose text tower the export keeps")
-    src_dir = resolve_model_dir(source)
+    src_dir, extra = resolve_model_dir(source), check_extra_files(extra_files)
     base_model = None if base_model is None else str(base_model)
     record = _run_inputs(inputs, dict(method=m.name, hyperparameters=hp, base_model=base_model, experts=experts, kind=kind,
                                       version=fusion_nb.__version__))
+    if kind == 'vision': weights = _cast(weights, dtype)   # in its dtype, checked finite, before anything is written
     check_export_dir(out_dir)
-    with atomic_dir(out_dir) as tmp:
-        _write_model(weights, tmp, src_dir, kind, dtype, extra_files)
+    with atomic_dir(out_dir, needs=_export_bytes(weights, dtype, src_dir, kind)) as tmp:
+        _write_model(weights, tmp, src_dir, kind, dtype, extra)
         atomic_write_text(tmp/'inputs.json', json.dumps(record, indent=1, default=str))
-        if card: model_card(m.name, hp, base_model, experts, kind, results, config, repo_id).save(tmp/'README.md')
+        save_card(model_card(m.name, hp, base_model, experts, kind, results, config, repo_id) if card else None, tmp, out_dir, log)
         check_export_dir(out_dir, {p.name for p in tmp.iterdir()})
     return Path(out_dir)
 

@@ -1,15 +1,15 @@
 "Export of merged models: folders that plain transformers reload to the same weights and outputs, their model cards, atomic writes, and the upload path up to the network."
-import json
+import errno, json, re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from transformers import AutoProcessor, CLIPModel, CLIPVisionModel
 
-from fusion_nb.core import FusionError
+from fusion_nb.core import FusionError, human_bytes
 from fusion_nb.checkpoints import vision_config, vision_state_dict
 from fusion_nb.merge import ensemble, merge
 from fusion_nb.reproduce import export
@@ -218,3 +218,124 @@ def test_push_offline_fails_before_any_call(micro, tmp_path, monkeypatch, fake_h
     with pytest.raises(FusionError, match='is not an exported model'):
         push_to_hub(tmp_path, 'someone/tiny-ties')
     assert fake_hub.calls == []
+
+# ---------------------------------------------------------------- issue 51: nothing lost, nothing silent
+
+@pytest.mark.parametrize('name, message', [
+    ('../notes.txt', "extra_files: '../notes.txt' is not a name inside the export folder"),
+    ('sub/../../notes.txt', "extra_files: 'sub/../../notes.txt' is not a name inside the export folder"),
+    ('{tmp}/notes.txt', "is not a name inside the export folder (an absolute path"),
+    ('model.safetensors', "extra_files: 'model.safetensors' would replace model.safetensors, which the export writes itself"),
+    ('README.md', "extra_files: 'README.md' would replace README.md, which the export writes itself"),
+    ('inputs.json', "would replace inputs.json, which the export writes itself"),
+    ('config.json/x', "would replace config.json, which the export writes itself"),
+])
+def test_issue_51_1_extra_files_stay_inside_the_folder_and_replace_nothing_it_writes(micro, tmp_path, name, message):
+    "Item 1: '../notes.txt' overwrote the user's file beside the export; 'model.safetensors' replaced the weights."
+    (tmp_path/'notes.txt').write_text("the user's"); src = tmp_path/'coefficients.pt'; src.write_text('learned')
+    name = name.format(tmp=tmp_path)
+    with pytest.raises(FusionError, match=re.escape(message)):
+        export_model(micro['merged'], tmp_path/'out', base_model=micro['base'], experts=micro['experts'], extra_files={name: src})
+    assert (tmp_path/'notes.txt').read_text() == "the user's" and not (tmp_path/'out').exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['coefficients.pt', 'notes.txt']   # no temporary left either
+
+def test_issue_51_1_an_extra_file_named_like_one_a_clip_export_writes_is_refused(micro, tmp_path):
+    src = tmp_path/'mine.json'; src.write_text('{}')
+    with pytest.raises(FusionError, match=r"extra_files: 'tokenizer.json' would replace tokenizer.json, which the export writes itself"):
+        export_model(micro['merged'], tmp_path/'out', base_model=micro['base'], kind='clip', extra_files={'tokenizer.json': src})
+    assert not (tmp_path/'out').exists()
+    out = export_model(micro['merged'], tmp_path/'ok', base_model=micro['base'], extra_files={'artefacts/mine.json': src})
+    assert (out/'artefacts'/'mine.json').read_text() == '{}'   # a name inside the folder, of its own, is copied
+    with pytest.raises(FusionError, match=r"extra_files\['notes.txt'\]: '.*nowhere.txt' is not a file"):
+        export_model(micro['merged'], tmp_path/'x', base_model=micro['base'], extra_files={'notes.txt': tmp_path/'nowhere.txt'})
+
+def test_issue_51_2_a_model_card_the_user_edited_is_never_replaced(micro, tmp_path):
+    "Item 2: rerunning an export into an earlier one replaced the README.md the user had edited, silently."
+    out, notes = tmp_path/'export', []
+    export_model(micro['merged'], out, base_model=micro['base'], experts=micro['experts'])
+    first = (out/'README.md').read_text()
+    ta = merge('task_arithmetic', vision_state_dict(micro['base']), {'mnist': vision_state_dict(micro['experts']['mnist'])}, progress=False)
+    export_model(ta, out, base_model=micro['base'], experts={'mnist': micro['experts']['mnist']}, log=notes.append)
+    assert ModelCard.load(out/'README.md').data.merge['method'] == 'task_arithmetic'   # our own card, unedited: replaced
+    assert not (out/export.CARD_BESIDE).exists() and notes == []
+    edited = (out/'README.md').read_text().replace('## Models', 'Notes of mine, for the Hub.\n\n## Models')
+    (out/'README.md').write_text(edited)
+    export_model(micro['merged'], out, base_model=micro['base'], experts=micro['experts'], log=notes.append)
+    assert (out/'README.md').read_text() == edited   # the user's card is kept, byte for byte ...
+    beside = ModelCard.load(out/export.CARD_BESIDE)   # ... and this export's card is written beside it
+    assert beside.data.merge['method'] == 'ties_merging' and beside.text.strip() == ModelCard(first).text.strip()
+    assert len(notes) == 1 and 'README.md' in notes[0] and 'kept' in notes[0] and export.CARD_BESIDE in notes[0], notes
+    (out/'README.md').write_text('# My own card, written by hand\n')   # one the user wrote: no mark of ours
+    export_model(ta, out, base_model=micro['base'], experts={'mnist': micro['experts']['mnist']}, log=notes.append)
+    assert (out/'README.md').read_text() == '# My own card, written by hand\n'
+    assert ModelCard.load(out/export.CARD_BESIDE).data.merge['method'] == 'task_arithmetic'
+    with pytest.raises(FusionError, match='would delete README.fusion_nb.md'):   # card=False: our card beside it is not dropped silently
+        export_model(ta, out, base_model=micro['base'], experts={'mnist': micro['experts']['mnist']}, card=False)
+    (out/export.CARD_BESIDE).unlink()
+    export_model(ta, out, base_model=micro['base'], experts={'mnist': micro['experts']['mnist']}, card=False, log=notes.append)
+    assert (out/'README.md').read_text() == '# My own card, written by hand\n' and not (out/export.CARD_BESIDE).exists()   # kept
+
+def test_issue_51_2_fusion_nb_merge_rerun_keeps_the_edited_card(micro, tmp_path, monkeypatch, capsys):
+    "Item 2 through `fusion-nb merge`, the way the issue found it."
+    from fusion_nb.reproduce.cli import main
+    monkeypatch.chdir(REPO)
+    out = tmp_path/'ties'
+    assert main(['merge', 'examples/merge/ties_micro.yaml', '-o', str(out), '--no-progress']) == 0
+    edited = (out/'README.md').read_text() + '\nMy notes: tried on MNIST only.\n'
+    (out/'README.md').write_text(edited)
+    assert main(['merge', 'examples/merge/ties_micro.yaml', '-o', str(out), '--no-progress']) == 0
+    assert (out/'README.md').read_text() == edited and (out/export.CARD_BESIDE).is_file()
+    assert 'README.md' in capsys.readouterr().out
+
+@pytest.mark.parametrize('kind', ['vision', 'clip'])
+def test_issue_51_5_nan_is_refused_without_a_dtype(micro, tmp_path, kind):
+    "Item 5: export_model without dtype= wrote NaN weights."
+    from fusion_nb.core import NonFiniteError
+    bad = dict(micro['merged']); k = 'encoder.layers.0.mlp.fc1.weight'; bad[k] = bad[k].clone(); bad[k].view(-1)[3] = float('nan')
+    with pytest.raises(NonFiniteError, match=re.escape(f"tensor '{k}' holds 1 NaN/Inf value(s) in torch.float32")):
+        export_model(bad, tmp_path/'nan', base_model=micro['base'], method='ties_merging', kind=kind)
+    assert list(tmp_path.iterdir()) == []
+
+@pytest.mark.parametrize('dtype', [torch.int8, torch.int64, torch.bool])
+def test_issue_51_5_non_float_dtypes_are_refused(micro, tmp_path, dtype):
+    "Item 5: dtype=torch.int8 wrote every float weight as integers (zeros)."
+    with pytest.raises(FusionError, match=re.escape(f"dtype {dtype} is not a float dtype: export in one of float32, float16, bfloat16, float64")):
+        export_model(micro['merged'], tmp_path/'int', base_model=micro['base'], experts=micro['experts'], dtype=dtype)
+    assert list(tmp_path.iterdir()) == []
+
+def test_issue_51_6_a_method_other_than_the_results_is_refused(micro, tmp_path):
+    "Item 6: export_model(result, method='ties_merging') of a task-arithmetic result wrote a TIES card."
+    ta = merge('task_arithmetic', vision_state_dict(micro['base']), {'mnist': vision_state_dict(micro['experts']['mnist'])}, progress=False)
+    with pytest.raises(FusionError, match=re.escape("method='ties_merging', but the result was made by 'task_arithmetic' (its .info['method'])")):
+        export_model(ta, tmp_path/'x', base_model=micro['base'], method='ties_merging')
+    assert list(tmp_path.iterdir()) == []
+    out = export_model(ta, tmp_path/'ok', base_model=micro['base'], method='task_arithmetic')   # naming its own method is fine
+    assert ModelCard.load(out/'README.md').data.merge['method'] == 'task_arithmetic'
+
+@pytest.mark.parametrize('error', [
+    OSError(errno.ENOSPC, 'No space left on device'),
+    SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')])
+def test_issue_51_11_a_full_disk_names_the_folder_and_what_to_free(micro, tmp_path, monkeypatch, error):
+    "Item 11: a full disk gave a raw SafetensorError; now the user's folder, how much to free, and nothing left behind."
+    from fusion_nb import checkpoints
+    def fills_the_disk(tensors, path, metadata=None):
+        Path(path).write_bytes(b'0' * 1000); raise error
+    monkeypatch.setattr(checkpoints, 'save_file', fills_the_disk)
+    out = tmp_path/'my export'
+    with pytest.raises(FusionError) as e:
+        export_model(micro['merged'], out, base_model=micro['base'], experts=micro['experts'])
+    need = sum(v.numel() * v.element_size() for v in micro['merged'].values())
+    msg = str(e.value)
+    assert msg.startswith(f"cannot write {str(out)!r}: no space left on its disk (it needs about {human_bytes(need)}"), msg
+    assert 'Free at least' in msg and '.tmp' not in msg and isinstance(e.value, OSError)
+    assert list(tmp_path.iterdir()) == []   # the partial output is removed
+
+def test_issue_51_11_an_unwritable_folder_is_named_not_the_temporary(micro, tmp_path, monkeypatch):
+    "Item 11: a read-only output folder gave `OSError ... '.out.<pid>.tmp'` (made by hand: root writes anywhere)."
+    import tempfile
+    def refused(*a, dir=None, prefix='', **k): raise PermissionError(errno.EACCES, 'Permission denied', str(Path(dir)/f'{prefix}x.tmp'))
+    monkeypatch.setattr(tempfile, 'mkdtemp', refused)
+    with pytest.raises(FusionError) as e:
+        export_model(micro['merged'], tmp_path/'out', base_model=micro['base'], experts=micro['experts'])
+    assert str(e.value).startswith(f"cannot write {str(tmp_path/'out')!r}: its folder {str(tmp_path)!r} is not writable (Permission denied). "
+                                   "Choose a writable folder"), str(e.value)
