@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PROFILE ?= tiny
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup reproduce pins test test-other-cpu test-fast export clean-nbs docs
+.PHONY: setup reproduce pins test test-other-cpu test-fast export clean-nbs docs lab
 
 setup: $(VENV)/.installed
 
@@ -42,6 +42,17 @@ test: setup
 # a zoo's recipe or pins/ (issue 55).
 test-other-cpu: setup
 	$(BIN)/python .ci/other_cpu.py $(MAKE) test
+
+# Read and run the notebooks: JupyterLab (the optional extra `lab`) installed into .venv once, then opened on nbs/.
+# Its kernel is .venv's Python 3 (the notebooks' kernelspec, python3), so a notebook imports this checkout's fusion_nb;
+# tests/test_lab.py starts that kernel and runs an experiment's first cells. LAB_ARGS: e.g. --no-browser --port 8890.
+LAB_ARGS ?=
+lab: $(VENV)/.lab-installed
+	$(BIN)/jupyter lab --notebook-dir=nbs $(LAB_ARGS)
+
+$(VENV)/.lab-installed: $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[dev,ray,docs,lab]"
+	touch $@
 
 export: setup
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean

@@ -98,3 +98,36 @@ def test_the_site_renders_every_notebook(processed, monkeypatch):
     individual = _text((site/'experiments'/'individual.html').read_text())   # no run: the clean notebook, and how to get one
     assert pages['experiments/00_individual.ipynb']['run'] is None
     assert 'fusion-nb reproduce --profile tiny --only 00_individual' in individual
+
+
+# The README is the front door (issue 53): what the project is, the two commands, a short tour, where to go next. Its
+# measurements and studies moved to the guide pages (nbs/guide/), each a page of the site.
+README_BEFORE_THE_GUIDE = '9f2a07b'   # the last commit whose README held them all (649 lines)
+GUIDE = REPO/'nbs'/'guide'
+
+def _numbers(text:str)->set[str]:
+    "Every number written in `text` (`42`, `1,483`, `0.35`, `12:53`, `2026-11-28` as 2026, 11, 28)."
+    return set(re.findall(r'\d+(?:[.,:]\d+)*', text))
+
+def _guide_text()->str:
+    return '\n'.join(''.join(c['source']) for p in sorted(GUIDE.glob('*.ipynb')) for c in json.loads(p.read_text())['cells'])
+
+def test_the_readme_is_short_and_names_every_guide_page():
+    readme = (REPO/'README.md').read_text()
+    assert len(readme.splitlines()) < 200 and 'make reproduce' in readme and 'make test' in readme and 'make lab' in readme
+    pages = sorted(p.relative_to(REPO).as_posix() for p in GUIDE.glob('*.ipynb'))
+    assert pages and all(f'`{p}`' in readme for p in pages), pages
+    sidebar = yaml.safe_load((REPO/'nbs'/'sidebar.yml').read_text())['website']['sidebar']['contents']
+    listed = {e for item in sidebar for e in ([item] if isinstance(item, str) else item['contents'])}
+    assert {p.removeprefix('nbs/') for p in pages} <= listed   # each a page of the Quarto site too
+
+def test_every_number_of_the_old_readme_is_kept():
+    "Every number the README held before the guide pages is in the README or a guide page: the move lost no measurement."
+    old = subprocess.run(['git', 'show', f'{README_BEFORE_THE_GUIDE}:README.md'], cwd=REPO, capture_output=True, text=True)
+    if old.returncode: pytest.skip(f"git cannot show {README_BEFORE_THE_GUIDE}:README.md here (a shallow clone?): {old.stderr.strip()}")
+    lost = _numbers(old.stdout) - _numbers((REPO/'README.md').read_text() + _guide_text())
+    assert not lost, f"numbers of the old README found in neither README.md nor nbs/guide/: {sorted(lost)}"
+
+def test_the_number_check_finds_a_lost_number():
+    assert _numbers('took 12:53 to 14:59 (pytest 8.9–10.6), 1,483 s; ×4') == {'12:53', '14:59', '8.9', '10.6', '1,483', '4'}
+    assert _numbers('all thirteen after 42–50 minutes') - _numbers('after 42–51 minutes') == {'50'}

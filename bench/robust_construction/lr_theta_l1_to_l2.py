@@ -1,13 +1,25 @@
 """θ1→2 on the CIFAR-10 stand-in at App. A.1's peak rate for it (0.5) and at the other fine-tunes' 0.1, from the zoo's θ1
 (data/tiny/robust/cifar10 as experiment 20 built it): ℓ1 / ℓ2 robust accuracy (APGD 20 steps, 300 test images) along
-the front w·θ1 + (1 − w)·θ1→2. Usage: python bench/robust_construction/lr_theta_l1_to_l2.py"""
+the front w·θ1 + (1 − w)·θ1→2.
+
+Measured 2026-11-24 (issue 13): nbs/experiments/20_robust_fronts.ipynb, "The run before the training attack was fixed":
+at 0.1 θ1→2 keeps ℓ2 at 60–61 % along the whole front while ℓ1 falls 32 → 23 (at the zoo's 0.5 it lost both), so it
+would not trade either; App. A.1's 0.5 was kept. Nothing is written.
+
+Usage: python bench/robust_construction/lr_theta_l1_to_l2.py   (from the project root, after the tiny zoo is built)"""
 import json, torch
 torch.set_num_threads(1)
 from fusion_nb.robust import zoo
 from fusion_nb.robust.attacks import apgd
 from fusion_nb.robust.soups import SoupKitchen
 from fusion_nb.tiny.zoo import deterministic
-folder = 'data/tiny/robust/cifar10'; b = zoo.ZooBudget(**json.load(open(f'{folder}/manifest.json'))['budget'])
+import sys
+from pathlib import Path
+if {'-h', '--help'} & set(sys.argv[1:]): print(__doc__); sys.exit(0)   # after the imports: --help also checks that they resolve
+folder = 'data/tiny/robust/cifar10'
+if not Path(folder, 'manifest.json').is_file():
+    sys.exit(f"{folder} holds no robust zoo: build it first (fusion-nb reproduce --profile tiny --only 20_robust_fronts)")
+b = zoo.ZooBudget(**json.load(open(f'{folder}/manifest.json'))['budget'])
 m = zoo.load_zoo(folder, ['theta_l1', 'theta_l1_to_l2']); x, y = zoo.standin('cifar10', 'train', b.n_train, b.seed); xt, yt = zoo.standin('cifar10', 'test', 300)
 att = {a['norm']: a for a in zoo.standin_attacks('cifar10', ('l2', 'l1'), steps=20)}
 ev = lambda net: {k: round(apgd(net, xt, yt, k, a['eps'], steps=20, loss=a['loss'], seed=0).accuracy * 100, 1) for k, a in att.items()}

@@ -2,13 +2,19 @@
 (width 16, batch 32, 20 + 4 epochs, 1000 images, App. A.1's training attacks) with each radius multiplied by a factor
 and prints every model's robust accuracy under the three attacks (APGD 20 steps) and the θp↔θp→q fronts at w = 1, .5, 0.
 Usage: python bench/robust_construction/specialists.py DATASET 'linf=2 l2=2 l1=1' [test images=300] [width=16] [bases=linf,l2,l1] [fronts=1] [epochs=20] [control=0]
-(factors multiply fusion_nb.robust.zoo.standin_eps as it is in the package)"""
+(factors multiply fusion_nb.robust.zoo.standin_eps as it is in the package)
+
+Measured (2026-11-24, issue 13): nbs/experiments/20_robust_fronts.ipynb, "80 epochs": three changes that did not make θ2
+more ℓ2-robust than θ∞ — doubling the ℓ∞ and ℓ2 radii (`'linf=2 l2=2'`: θ∞ / θ2 ℓ2 28.7 / 29.0 %), width 32 (48.3 / 47.3 %),
+a class-correlated grating (TEXTURE=6,…/7,…; at 80 epochs θ∞ more ℓ2-robust than θ2, 67.0 / 61.0 % and 68.3 / 64.0 %) —
+so none was adopted. Nothing is written."""
 import sys, time, torch
 torch.set_num_threads(1)
 from fusion_nb.robust import zoo
 from fusion_nb.robust.attacks import NORMS, apgd, budget
 from fusion_nb.robust.soups import SoupKitchen
 from fusion_nb.tiny.zoo import deterministic
+if {'-h', '--help'} & set(sys.argv[1:]): print(__doc__); sys.exit(0)   # after the imports: --help also checks that they resolve
 ds, fac = sys.argv[1], {k: float(v) for k, v in (a.split('=') for a in sys.argv[2].split())}
 N = int(sys.argv[3]) if len(sys.argv) > 3 else 300
 W = int(sys.argv[4]) if len(sys.argv) > 4 else 16

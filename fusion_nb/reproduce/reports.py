@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/reports.html.md"""
 
 # %% ../../nbs/reproduce/91_reports.ipynb #7fb8dbeb
 from __future__ import annotations
-import datetime, io, json
+import datetime, io, json, re
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -21,7 +21,7 @@ __all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'to_markdown', 
            'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread', 'spread_rows',
            'same_as_seed0', 'note_seed0', 'judge_beyond_spread', 'beyond_spread', 'spread_zoo_differs',
            'claims_beyond_spread', 'finding_label', 'verdicts_across_builds', 'judged_across_builds',
-           'headline_numbers', 'write_report']
+           'headline_numbers', 'project_relative', 'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #d3e31a10
 _CMP = ('reproduced', 'reported', 'difference')
@@ -302,6 +302,15 @@ def _title(exp:Path)->str:
             return src.splitlines()[0].lstrip('#').strip() if src.startswith('# ') else ''
     return ''
 
+# %% ../../nbs/reproduce/91_reports.ipynb #b2f4e9a0
+def project_relative(text:str, # markdown that may name absolute paths
+                     root:str|Path, # the project root (the folder holding settings.ini)
+                    )->str:
+    "`text` with every absolute path inside `root` written relative to it (`./data/...`; the root itself: `.`)."
+    root = str(Path(root).absolute()).rstrip('/')
+    # a path starts at the root: not in the middle of a longer path or word, and `/a/root2` is not under `/a/root`
+    return re.sub(rf"(?<![\w.~/-]){re.escape(root)}(?:(/)|(?![\w.-]))", lambda m: './' if m.group(1) else '.', text)
+
 # %% ../../nbs/reproduce/91_reports.ipynb #1619d058
 def write_report(profile_dir:str|Path, # outputs/<profile>
                  profile, # the `Profile` (or just its name)
@@ -344,5 +353,8 @@ def write_report(profile_dir:str|Path, # outputs/<profile>
             pdf = png.with_suffix('.pdf')
             lines += [f"![{png.stem}]({name}/{png.name})" + (f" ([pdf]({name}/{pdf.name}))" if pdf.exists() else ''), '']
     text = '\n'.join(lines)
+    try: root = getattr(profile, 'root', None) or project_root(pdir)
+    except Exception: root = None   # a report outside any project: nothing to make relative
+    if root: text = project_relative(text, root)
     while '\n\n\n' in text: text = text.replace('\n\n\n', '\n\n')
     return atomic_write_text(pdir/'REPORT.md', text.rstrip() + '\n')

@@ -22,9 +22,9 @@ import fusion_nb
 # %% auto #0
 __all__ = ['BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiment_title', 'Runs', 'why_rerun', 'foreign_files',
            'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
-           'run_experiment', 'ray_module', 'computes_on_cpu', 'local_slots', 'run_local', 'check_ray_address',
-           'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'prepare_logged', 'reproduce',
-           'sweep_points', 'point_name', 'merge_sweep', 'sweep']
+           'papermill_parameters', 'run_experiment', 'ray_module', 'computes_on_cpu', 'local_slots', 'run_local',
+           'check_ray_address', 'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'prepare_logged',
+           'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #ccf9d496
 def experiment_title(nb_path:str|Path)->str:
@@ -195,6 +195,22 @@ def record_failure(name:str, profile:Profile, error:BaseException, output_root:s
     _record_failure(marker, error, run_reason(name, profile, output_root, False, overrides, folder)[1])
     return marker
 
+# %% ../../nbs/reproduce/92_runner.ipynb #f5d6e7a8
+_NUMBER = re.compile(r'[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?')
+
+def papermill_parameters(nb_path:str|Path, # the experiment notebook
+                         parameters:Mapping, # `experiment_parameters` (profile values as settings.ini's text)
+                        )->dict:
+    "`parameters` as papermill should inject them: a number written as text (`'200'`, `'5e-3'`) as an int or float, unless the notebook's default is a string."
+    declared = notebook_parameters(nb_path)
+    def default_is_str(k):
+        try: return isinstance(ast.literal_eval(declared[k]['default']), str)
+        except (KeyError, ValueError, SyntaxError): return False
+    def typed(k, v):
+        if not isinstance(v, str) or default_is_str(k) or not _NUMBER.fullmatch(v.strip()): return v
+        return int(v) if v.strip().lstrip('+-').isdigit() else float(v)
+    return {k: typed(k, v) for k, v in parameters.items()}
+
 # %% ../../nbs/reproduce/92_runner.ipynb #407e335e
 def run_experiment(name:str, # experiment (notebook stem)
                    profile:Profile, # profile to run it for
@@ -230,7 +246,7 @@ def run_experiment(name:str, # experiment (notebook stem)
         with atomic_dir(out) as tmp, tempfile.TemporaryFile() as kernel_err:
             try:
                 with heartbeat(label, log) if mode == 'lines' else contextlib.nullcontext(), _ctrl_c_kills(runs):
-                    papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**inputs['parameters'], 'output_dir': str(tmp)},
+                    papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**papermill_parameters(nb, inputs['parameters']), 'output_dir': str(tmp)},
                                                kernel_name='python3', progress_bar=mode == 'bars',
                                                kernel_manager_class=_kernel_manager(kernel_err, kernels, env, str(nb.parent)))
             except Exception as e:   # a Ctrl-C (KeyboardInterrupt) leaves no notebook behind: the run did not fail
