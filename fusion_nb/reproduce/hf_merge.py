@@ -85,14 +85,17 @@ _EMBED_TAILS = ('embed_tokens.weight', 'wte.weight', 'word_embeddings.weight', '
 
 class AlignedModel(Mapping):
     "A lazy model seen with the base's keys and shapes: tied embeddings supplied, rows cut or filled from the base (`tokenizer_source: base`)."
-    def __init__(self, sd:LazyStateDict, base:LazyStateDict, keys:Sequence[str], rows:bool):
+    def __init__(self, sd:LazyStateDict, base:LazyStateDict, keys:Sequence[str], rows:bool, out_dtype:torch.dtype|None=None):
         self.sd, self.base, self.keys_, self.rows, self.name, self._set = sd, base, list(keys), rows, sd.name, set(keys)
+        self.out_dtype = out_dtype   # the dtype a merged floating tensor is rounded to, once (None: the base's)
     def _src(self, key):
         if key in self.sd: return key
         tied = [k for k in self.sd if k.endswith(_EMBED_TAILS)]
         if key.endswith('lm_head.weight') and len(tied) == 1: return tied[0]
         raise IncompatibleModelsError(f"model {self.name!r} has no tensor {key!r} (the base has it)")
-    def meta(self, key): return self.base.meta(key)
+    def meta(self, key):
+        shape, dtype = self.base.meta(key)
+        return shape, (self.out_dtype if self.out_dtype is not None and dtype.is_floating_point else dtype)
     def __getitem__(self, key):
         t, shape = self.sd[self._src(key)], self.base.shape(key)
         if tuple(t.shape) == tuple(shape): return t
@@ -106,11 +109,12 @@ class AlignedModel(Mapping):
 def align_models(base:LazyStateDict, # the model whose keys and shapes the output has
                  models:Mapping[str, LazyStateDict], # name → the other models
                  tokenizer_source:str|None=None, # 'base': embedding rows of other sizes are cut / filled from the base
+                 out_dtype:torch.dtype|None=None, # the dtype merged floating tensors are rounded to (None: the base's)
                 )->dict[str, AlignedModel]:
     "Each model seen with the base's keys and shapes; `IncompatibleModelsError` naming the tensor and both sizes where they cannot be."
     keys, out = list(base), {}
     for n, sd in models.items():
-        m = AlignedModel(sd, base, keys, tokenizer_source == 'base')
+        m = AlignedModel(sd, base, keys, tokenizer_source == 'base', out_dtype)
         for k in keys:
             src = m._src(k)
             (s, dt), (bs, bdt) = sd.meta(src), base.meta(k)
@@ -330,8 +334,9 @@ def _lazy(src:str, name:str)->LazyStateDict:
 def open_models(plan:HFMergePlan)->tuple[LazyStateDict, AlignedModel|None, dict]:
     "(reference, aligned θ₀ or None, name → aligned expert), every tensor checked against the reference's."
     ref = _lazy(plan.ref, 'base_model' if plan.base_model else next(iter(plan.models)))
-    aligned = align_models(ref, {n: _lazy(s, n) for n, s in plan.models.items()}, plan.tokenizer_source)
-    pre = AlignedModel(ref, ref, list(ref), False) if plan.base_model else None
+    out = None if plan.out_dtype is None else get_dtype(plan.out_dtype)   # computed in float32, rounded once to it (as mergekit)
+    aligned = align_models(ref, {n: _lazy(s, n) for n, s in plan.models.items()}, plan.tokenizer_source, out)
+    pre = AlignedModel(ref, ref, list(ref), False, out) if plan.base_model else None
     return ref, pre, aligned
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #8692203b

@@ -1,0 +1,51 @@
+"""mergekit's own configs as they are (its examples/ and docs): output dtype, per-model weights that have no effect, karcher
+with a base, multi-stage files, `slices:`; each compared with mergekit's procedure computed here on tiny random stand-ins."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from fusion_nb.core import FusionError
+from fusion_nb.reproduce.merge_config import load_merge_config, run_merge
+from test_hf_merge import _close, _llama, _save, _zoo   # the tiny stand-ins of the Hugging Face merge tests
+
+def _weights(out:Path)->dict:
+    sd = {}
+    for f in sorted(out.glob('*.safetensors')): sd.update(load_file(f))
+    return sd
+
+def _bf16_zoo(tmp, n=2):
+    "base and n experts saved in bfloat16, as Llama checkpoints ship."
+    return _zoo(tmp, lambda: _llama().to(torch.bfloat16), n=n)
+
+def _rounded_once(merged, expected):
+    "merged equals expected (float32) rounded once to merged's dtype: (nearly) every entry, the rest within one unit of it."
+    want = expected.to(merged.dtype)
+    assert (merged != want).float().mean() < 0.01, f"{(merged != want).float().mean():.3f} of entries differ"
+    ulp = torch.finfo(merged.dtype).eps
+    assert torch.allclose(merged.float(), want.float(), rtol=ulp, atol=1e-7), (merged.float() - want.float()).abs().max()
+
+@pytest.mark.parametrize('dtype', ['float16', 'float32'])
+def test_linear_yml_dtype_rounds_once(tmp_path, dtype):
+    "examples/linear.yml on bfloat16 models with `dtype: float16|float32`: Σ wᵢθᵢ / Σ wᵢ in float32, rounded once to dtype."
+    (b, e1, e2), (B, E1, E2) = _bf16_zoo(tmp_path)
+    cfg = dict(merge_method='linear', dtype=dtype, models=[dict(model=str(e1), parameters=dict(weight=0.3)),
+                                                          dict(model=str(e2), parameters=dict(weight=0.7))])
+    merged = _weights(run_merge(cfg, tmp_path/'out', progress=False))
+    assert {v.dtype for v in merged.values()} == {getattr(torch, dtype)}
+    for k in B: _rounded_once(merged[k], (0.3 * E1[k].float() + 0.7 * E2[k].float()) / 1.0)
+    written = json.loads((tmp_path/'out'/'config.json').read_text())
+    assert written.get('torch_dtype', written.get('dtype')) == dtype
+
+def test_out_dtype_over_dtype(tmp_path):
+    "`dtype: float32` with `out_dtype: float16` (mergekit computes in dtype, writes out_dtype): one rounding, to float16."
+    (b, e1, e2), (B, E1, E2) = _bf16_zoo(tmp_path)
+    cfg = dict(merge_method='task_arithmetic', base_model=str(b), dtype='float32', out_dtype='float16',
+               models=[dict(model=str(e1), parameters=dict(weight=0.6)), dict(model=str(e2), parameters=dict(weight=0.9))])
+    merged = _weights(run_merge(cfg, tmp_path/'out', progress=False))
+    for k in B:
+        b0 = B[k].float()
+        _rounded_once(merged[k], b0 + 0.6 * (E1[k].float() - b0) + 0.9 * (E2[k].float() - b0))
