@@ -49,3 +49,17 @@ def test_out_dtype_over_dtype(tmp_path):
     for k in B:
         b0 = B[k].float()
         _rounded_once(merged[k], b0 + 0.6 * (E1[k].float() - b0) + 0.9 * (E2[k].float() - b0))
+
+def test_cli_mergekit_yaml_form_and_help(tmp_path, capsys):
+    "`fusion-nb merge CONFIG OUT` as mergekit-yaml is called; --help says mergekit configs are read and names the methods."
+    from fusion_nb.reproduce.cli import main
+    (b, e1), _ = _zoo(tmp_path, _llama, n=1)
+    (tmp_path/'c.yml').write_text(f"merge_method: linear\nmodels:\n  - model: {b}\n    parameters: {{weight: 1}}\n"
+                                  f"  - model: {e1}\n    parameters: {{weight: 1}}\n")
+    assert main(['merge', str(tmp_path/'c.yml'), str(tmp_path/'out'), '--no-progress']) == 0
+    assert (tmp_path/'out'/'config.json').exists()
+    assert main(['merge', str(tmp_path/'c.yml'), str(tmp_path/'o1'), '-o', str(tmp_path/'o2')]) == 2
+    assert 'give one' in capsys.readouterr().err
+    with pytest.raises(SystemExit): main(['merge', '--help'])
+    help_text = capsys.readouterr().out
+    assert 'mergekit' in help_text and all(m in help_text for m in ('ties', 'dare_ties', 'slerp', 'model_stock', 'karcher'))
