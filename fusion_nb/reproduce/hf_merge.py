@@ -144,6 +144,7 @@ class HFMergePlan:
     output:dict # card, push_to_hub, private, max_shard_size
     raw:dict # the config as written
     mergekit:str|None=None # the mergekit method name, for mergekit-schema configs
+    notes:list=field(default_factory=list) # lines to tell the user before merging (what has no effect)
 
     @property
     def ref(self)->str: return self.base_model or next(iter(self.models.values()))
@@ -161,6 +162,12 @@ def _rule_per_tensor(m:MergeMethod, values:Callable, pretrained, experts, runtim
     return merge_tensor
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #965294d2
+def _free_name(name:str, taken)->str:
+    "`name`, or name-2, name-3… where it is taken."
+    i, out = 1, name
+    while out in taken: i += 1; out = f"{name}-{i}"
+    return out
+
 def _model_params(raw_models, base, where)->tuple[dict, dict]:
     "(name → source, name → its parameter settings) of a mergekit `models:` list, the base left out."
     if not isinstance(raw_models, list) or not raw_models: raise FusionError(f"{where}models: expected a list of {{model: ..., parameters: ...}}")
@@ -172,8 +179,7 @@ def _model_params(raw_models, base, where)->tuple[dict, dict]:
         if bad: raise FusionError(f"{where}models[{i}]: unknown key(s) {sorted(bad)} (mergekit's are model and parameters)")
         src = model_source(e['model'], f"{where}models[{i}].model")
         if src == base: continue   # mergekit configs often list the base among the models
-        name = str(e.get('name') or Path(src).name or src)
-        while name in sources: name += "'"
+        name = _free_name(str(e.get('name') or Path(src).name or src), sources)
         sources[name], params[name] = src, dict(e.get('parameters') or {})
     return sources, params
 
@@ -225,9 +231,10 @@ def _checked_values(method:str, glob:dict, params:dict, seed:int, where:str)->Ca
 _GTA_KEYS = {'weight', 'density', 'lambda', 'normalize', 'rescale', 'int8_mask'}
 _KNOWN = {'linear': {'weight', 'normalize'}, 'slerp': {'t'}, 'model_stock': {'filter_wise'}, **{k: _GTA_KEYS for k in GTA_DEFAULTS},
           'breadcrumbs': _GTA_KEYS | {'gamma'}, 'breadcrumbs_ties': _GTA_KEYS | {'gamma'}, 'della_linear': _GTA_KEYS | {'epsilon'}, 'della': _GTA_KEYS | {'epsilon'},
-          'sce': {'select_topk'}, 'karcher': {'max_iter', 'tol'}, 'multislerp': {'weight', 'normalize_weights', 'eps'},
+          'sce': {'select_topk', 'int8_mask'}, 'karcher': {'max_iter', 'tol'}, 'multislerp': {'weight', 'normalize_weights', 'eps'},
           'nuslerp': {'weight', 'nuslerp_flatten', 'nuslerp_row_wise'}}
 _NO_BASE = ('linear', 'karcher', 'multislerp', 'nuslerp')   # mergekit methods that run without a base_model
+_NO_WEIGHT = ('slerp', 'model_stock', 'sce', 'karcher')   # mergekit accepts a `weight` here (its tests write one) and ignores it
 
 def _mergekit_method(raw:Mapping, w:str)->tuple[str, MergeMethod]:
     name = raw.get('merge_method')
@@ -254,9 +261,12 @@ def load_mergekit_config(raw:Mapping, # a mergekit config, parsed
     base = model_source(raw['base_model'], f"{w}base_model") if raw.get('base_model') else None
     if base is None and name not in _NO_BASE: raise FusionError(f"{w}base_model: mergekit's {name} needs a base_model")
     sources, params = _model_params(raw.get('models'), base if name not in ('linear', 'karcher') else None, w)
-    glob = dict(raw.get('parameters') or {})
+    glob, notes = dict(raw.get('parameters') or {}), []
+    ignored = [where for where, ps in [('parameters', glob), *((f"{n}.parameters", p) for n, p in params.items())] if 'weight' in ps]
+    if name in _NO_WEIGHT and ignored:
+        notes.append(f"{w}weight has no effect: mergekit's {name} takes no weights (it ignores them too); given in {', '.join(ignored)}")
     for where, ps in [('parameters', glob), *((f"{n}.parameters", p) for n, p in params.items())]:
-        bad = set(ps) - _KNOWN[name]
+        bad = set(ps) - _KNOWN[name] - ({'weight'} if name in _NO_WEIGHT else set())
         if bad: raise FusionError(f"{w}{where}: {sorted(bad)} not parameter(s) of mergekit's {name} (it takes {', '.join(sorted(_KNOWN[name]))})")
     if name == 'model_stock' and glob.get('filter_wise'): raise FusionError(f"{w}parameters.filter_wise: model_stock's filter_wise is not supported here")
     if name == 'slerp' and (len(sources) != 1 or base is None): raise FusionError(f"{w}slerp merges the base_model and exactly one other model; the config gives {len(sources)} others")
@@ -274,9 +284,10 @@ def load_mergekit_config(raw:Mapping, # a mergekit config, parsed
     if not isinstance(seed, int) or isinstance(seed, bool): raise FusionError(f"{w}seed: expected a whole number, got {seed!r}")
     values = _checked_values(name, glob, params, seed, w)
     make_rule = MERGEKIT_RULES.get(name)
-    if name == 'slerp': sources = {Path(base).name if Path(base).exists() else base: base, **sources}
+    if name == 'slerp' or (name == 'karcher' and base is not None and base not in sources.values()):
+        sources = {_free_name(Path(base).name or base, sources): base, **sources}   # mergekit's karcher averages the base too
     plan = HFMergePlan(m, None if name in ('linear', 'slerp', 'karcher') else base, sources, values, make_rule, hf_dtype(raw, w),
-                       ts, hf_device(raw, w), hf_output(raw, w), raw, name)
+                       ts, hf_device(raw, w), hf_output(raw, w), raw, name, notes)
     return plan
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #f31409cb

@@ -343,6 +343,7 @@ def run_merge(config, # a YAML file, a dict, or a checked MergeConfig
     check_export_dir(out_dir)
     if repo_id: check_push(repo_id, out_dir)   # offline: say so now, not after the merge
     if isinstance(cfg, HFMergePlan):
+        for note in cfg.notes: log(note)
         run_hf_merge(cfg, out_dir, inputs=hf_inputs(cfg), progress=progress, log=log)
         log(f"{', '.join(cfg.models)} merged with {cfg.mergekit or m.label} → {out_dir}")
         if repo_id: log(f"pushed to the Hugging Face Hub: {push_to_hub(out_dir, repo_id, private=cfg.output['private'])}")

@@ -63,3 +63,34 @@ def test_cli_mergekit_yaml_form_and_help(tmp_path, capsys):
     with pytest.raises(SystemExit): main(['merge', '--help'])
     help_text = capsys.readouterr().out
     assert 'mergekit' in help_text and all(m in help_text for m in ('ties', 'dare_ties', 'slerp', 'model_stock', 'karcher'))
+
+@pytest.mark.parametrize('method', ['sce', 'model_stock', 'karcher'])
+def test_weight_that_has_no_effect_is_accepted_and_said(tmp_path, method):
+    "A per-model `weight` where the method has none (mergekit's tests write one): merged as without it, one line says so."
+    (b, e1, e2), _ = _zoo(tmp_path, _llama)
+    cfg = lambda **p: dict(merge_method=method, base_model=str(b),
+                           models=[dict(model=str(e), parameters=p) for e in (e1, e2)])
+    lines = []
+    with_w = _weights(run_merge(cfg(weight=0.7), tmp_path/'w', progress=False, log=lines.append))
+    without = _weights(run_merge(cfg(), tmp_path/'plain', progress=False, log=lambda s: None))
+    assert [l for l in lines if 'no effect' in l] and all(torch.equal(with_w[k], without[k]) for k in without)
+    assert sum('weight has no effect' in l and method in l for l in lines) == 1
+
+def _naive_karcher(ts, iters=100):
+    "The Karcher mean on the sphere by plain fixed-point steps, scaled by the mean norm (mergekit's karcher_merge_tensors)."
+    norms = [t.norm() for t in ts]; us = [t / n for t, n in zip(ts, norms)]
+    m = sum(us); m = m / m.norm()
+    for _ in range(iters):
+        tan = sum((th / torch.sin(th)) * (u - torch.cos(th) * m) for u in us
+                  for th in [torch.arccos(torch.clamp((m * u).sum(), -1, 1))] if th > 1e-7) / len(us)
+        if not torch.is_tensor(tan) or tan.norm() < 1e-9: break
+        m = torch.cos(tan.norm()) * m + torch.sin(tan.norm()) * tan / tan.norm(); m = m / m.norm()
+    return sum(norms) / len(norms) * m
+
+def test_karcher_with_a_base_averages_it_too(tmp_path):
+    "mergekit 0.1.5's karcher averages every input of the tensor group, the base included (its docs say no base is used)."
+    (b, e1, e2), (B, E1, E2) = _zoo(tmp_path, _llama)
+    cfg = dict(merge_method='karcher', base_model=str(b), models=[dict(model=str(e1)), dict(model=str(e2))])
+    merged = _weights(run_merge(cfg, tmp_path/'out', progress=False, log=lambda s: None))
+    for k in ['model.layers.1.mlp.up_proj.weight', 'model.norm.weight', 'lm_head.weight']:
+        _close(merged[k], _naive_karcher([B[k].double(), E1[k].double(), E2[k].double()]).float(), atol=1e-4)
