@@ -26,9 +26,9 @@ import fusion_nb
 
 # %% auto #0
 __all__ = ['MERGEKIT_METHODS', 'GTA_DEFAULTS', 'MERGEKIT_LACKS', 'MERGEKIT_KEYS', 'MERGEKIT_RULES', 'HF_OUTPUT_DEFAULTS',
-           'layer_positions', 'setting_value', 'AlignedModel', 'align_models', 'HFMergePlan', 'load_mergekit_config',
-           'hf_dtype', 'hf_device', 'hf_output', 'copy_model_files', 'open_models', 'check_values', 'run_hf_merge',
-           'hf_model_card']
+           'layer_positions', 'setting_value', 'AlignedModel', 'align_models', 'check_model_types', 'HFMergePlan',
+           'mergekit_scalar', 'load_mergekit_config', 'hf_dtype', 'hf_device', 'hf_output', 'copy_model_files',
+           'open_models', 'check_values', 'run_hf_merge', 'hf_model_card']
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #734615cf
 MERGEKIT_METHODS = {n: n for n in ('linear', 'task_arithmetic', 'slerp', 'model_stock', 'ties', 'dare_ties', 'della', 'dare_linear', 'della_linear',
@@ -126,8 +126,25 @@ def align_models(base:LazyStateDict, # the model whose keys and shapes the outpu
                                               "and rows), or merge models with the same tokenizer")
             raise IncompatibleModelsError(f"model {n!r}: tensor {src!r} has shape {tuple(s)}, the base's {k!r} {tuple(bs)}: "
                                           "not the same architecture")
+        extra = [k for k in sd if k not in m._set and not k.endswith('lm_head.weight')]   # an untied head beside tied embeddings: mergekit drops it too
+        if extra: raise IncompatibleModelsError(f"model {n!r} ({sd.source}) has {len(extra)} tensor(s) the base ({base.source}) lacks, e.g. "
+                                                f"{', '.join(map(repr, extra[:2]))}: not the same architecture (more layers?); they would "
+                                                "be dropped. mergekit refuses it too: merge models of one shape")
         out[n] = m
     return out
+
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #9376ffc0
+def check_model_types(sources:Mapping[str, str], # place in the config → model source
+                      w:str='', # the config's name, for messages
+                     )->None:
+    "`IncompatibleModelsError` naming the first model whose config.json `model_type` differs from the first one's (mergekit refuses mixed architectures)."
+    ref = None
+    for where, src in sources.items():
+        try: kind = json.loads((resolve_model_dir(src)/'config.json').read_text()).get('model_type')
+        except (FusionError, OSError, ValueError): continue   # unreadable: reading its weights names it
+        if ref is None: ref = (where, src, kind); continue
+        if kind != ref[2]: raise IncompatibleModelsError(f"{w}{where} ({src}) is a {kind!r} model, {ref[0]} ({ref[1]}) a {ref[2]!r}: "
+                                                         "another architecture, whose tensors do not line up; merge models of one architecture")
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #4ceed280
 @dataclass
@@ -168,10 +185,11 @@ def _free_name(name:str, taken)->str:
     while out in taken: i += 1; out = f"{name}-{i}"
     return out
 
-def _model_params(raw_models, base, where)->tuple[dict, dict]:
-    "(name → source, name → its parameter settings) of a mergekit `models:` list, the base left out."
-    if not isinstance(raw_models, list) or not raw_models: raise FusionError(f"{where}models: expected a list of {{model: ..., parameters: ...}}")
-    sources, params = {}, {}
+def _model_params(raw_models, base, where)->tuple[dict, dict, dict]:
+    "(name → source, name → its parameter settings, name → its place in the config) of a mergekit `models:` list, the base left out."
+    if isinstance(raw_models, list) and not raw_models: raise FusionError(f"{where}models: the list is empty: give the models to merge ({{model: folder or hub id, parameters: ...}})")
+    if not isinstance(raw_models, list): raise FusionError(f"{where}models: expected a list of {{model: ..., parameters: ...}}, got {raw_models!r}")
+    sources, params, places = {}, {}, {}
     for i, e in enumerate(raw_models):
         e = {'model': e} if isinstance(e, str) else e
         if not isinstance(e, Mapping) or 'model' not in e: raise FusionError(f"{where}models[{i}]: expected {{model: folder or hub id, parameters: ...}}, got {e!r}")
@@ -180,43 +198,77 @@ def _model_params(raw_models, base, where)->tuple[dict, dict]:
         src = model_source(e['model'], f"{where}models[{i}].model")
         if src == base: continue   # mergekit configs often list the base among the models
         name = _free_name(str(e.get('name') or Path(src).name or src), sources)
-        sources[name], params[name] = src, dict(e.get('parameters') or {})
-    return sources, params
+        sources[name], params[name], places[name] = src, dict(e.get('parameters') or {}), f"models[{i}] ({src})"
+    return sources, params, places
+
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #115b55a1
+_TRUE, _FALSE = {'true', 'yes', 'on', 't', 'y', '1'}, {'false', 'no', 'off', 'f', 'n', '0'}   # pydantic's lax booleans
+_FRACTIONS = {'density': 'the fraction of entries kept', 'select_topk': 'the fraction of entries selected'}   # in (0, 1]
+
+def mergekit_scalar(value, # a value of a mergekit config (after gradients and filters are resolved)
+                    kind:type, # float, int or bool
+                    where:str, # its place in the config, for messages
+                    name:str='', # the parameter's mergekit name (for its range)
+                   ):
+    "`value` read as mergekit's pydantic config reads a `kind`; `FusionError` naming `where` when it is not one."
+    if kind is bool:
+        if isinstance(value, bool): return value
+        if isinstance(value, (int, float)) and value in (0, 1): return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE: return value.strip().lower() in _TRUE
+        raise FusionError(f"{where}: {value!r} is not true or false")
+    try: x = None if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError): x = None
+    if x is None: raise FusionError(f"{where}: {value!r} is not a number" + (f" (write {float(value[:-1]) / 100:g} for {value})"
+                                    if isinstance(value, str) and re.fullmatch(r'\s*[\d.]+%', value) else ''))
+    if not math.isfinite(x): raise FusionError(f"{where}: {value!r} is not a finite number")
+    if kind is int and x != int(x): raise FusionError(f"{where}: {value!r} is not a whole number")
+    if name in _FRACTIONS and not 0 < x <= 1: raise FusionError(f"{where}: {x:g} is out of range: {name} is {_FRACTIONS[name]}, in (0, 1]")
+    return int(x) if kind is int else x
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #52193029
-def _checked_values(method:str, glob:dict, params:dict, seed:int, where:str)->Callable:
+def _checked_values(method:str, glob:dict, params:dict, seed:int, where:str, places:Mapping|None=None)->Callable:
     "(key, t) → the hyperparameters of this project's method that mergekit's `method` means for tensor `key`."
-    names = list(params)
+    names, places = list(params), places or {n: n for n in params}
     def per_model(p, key, t, default=None, required=False):
         out = []
         for n in names:
-            v = setting_value(params[n].get(p), key, t, f"{where}{n}.parameters.{p}")
-            if v is None: v = setting_value(glob.get(p), key, t, f"{where}parameters.{p}")
-            if v is None and required: raise FusionError(f"{where}model {n!r} gives no {p!r} for tensor {key!r} (mergekit requires it)")
-            out.append(default if v is None else float(v))
+            at = f"{where}{places[n]}.parameters.{p}"
+            v = setting_value(params[n].get(p), key, t, at)
+            if v is None: at = f"{where}parameters.{p}"; v = setting_value(glob.get(p), key, t, at)
+            if v is None and required: raise FusionError(f"{where}{places[n]} gives no {p!r} for tensor {key!r} (mergekit requires it)")
+            out.append(default if v is None else mergekit_scalar(v, float, at, p))
         return out
-    def g(p, key, t, default):
+    def g(p, key, t, default, kind=float):
         v = setting_value(glob.get(p), key, t, f"{where}parameters.{p}")
-        return default if v is None else v
+        return default if v is None else mergekit_scalar(v, kind, f"{where}parameters.{p}", p)
     def one(p, key, t, default):   # a value the registered method takes once: per-model settings must agree
         vs = set(per_model(p, key, t, default))
         if len(vs) > 1: raise FusionError(f"{where}models give different {p!r} for tensor {key!r}; mergekit's {method} here takes one")
         return vs.pop()
+    def weights(key, t, sums_to_nonzero=False):
+        w = per_model('weight', key, t, required=True)
+        if sums_to_nonzero and sum(w) == 0:
+            raise FusionError(f"{where}weight: mergekit's {method} divides by the weights' sum, and for tensor {key!r} they sum to 0 "
+                              f"({', '.join(f'{places[n]}: {x:g}' for n, x in zip(names, w))}): give weights whose sum is not 0")
+        return w
     def values(key, t):
-        W = lambda: per_model('weight', key, t, required=True)
-        if method == 'linear': return dict(weights=W(), normalize=bool(g('normalize', key, t, True)))
+        W = lambda: weights(key, t)
+        if method == 'linear': return dict(weights=W(), normalize=g('normalize', key, t, True, bool))
         if method == 'slerp':
             v = setting_value(glob.get('t'), key, t, f"{where}parameters.t")
             if v is None: raise FusionError(f"{where}parameters.t: slerp needs t for tensor {key!r}")
-            return dict(t=float(v))
+            return dict(t=mergekit_scalar(v, float, f"{where}parameters.t"))
         if method == 'model_stock': return {}
-        if method == 'sce': return dict(select_topk=float(g('select_topk', key, t, 1.0)))
-        if method == 'karcher': return dict(max_iter=int(g('max_iter', key, t, 10)), tol=float(g('tol', key, t, 1e-5)))
-        if method == 'multislerp': return dict(weight=W(), normalize_weights=bool(g('normalize_weights', key, t, True)), eps=float(g('eps', key, t, 1e-8)))
-        if method == 'nuslerp': return dict(weight=W(), flatten=bool(g('nuslerp_flatten', key, t, True)), row_wise=bool(g('nuslerp_row_wise', key, t, False)))
+        if method == 'sce': return dict(select_topk=g('select_topk', key, t, 1.0))
+        if method == 'karcher': return dict(max_iter=g('max_iter', key, t, 10, int), tol=g('tol', key, t, 1e-5))
+        if method == 'multislerp':
+            norm = g('normalize_weights', key, t, True, bool)
+            return dict(weight=weights(key, t, norm), normalize_weights=norm, eps=g('eps', key, t, 1e-8))
+        if method == 'nuslerp': return dict(weight=weights(key, t, True), flatten=g('nuslerp_flatten', key, t, True, bool),
+                                            row_wise=g('nuslerp_row_wise', key, t, False, bool))
         norm, resc = GTA_DEFAULTS[method]
-        d = {'weight': W(), 'density': per_model('density', key, t, 1.0), 'scaling_factor': float(g('lambda', key, t, 1.0)),
-             'normalize': bool(g('normalize', key, t, norm)), 'rescale': bool(g('rescale', key, t, resc))}
+        d = {'weight': W(), 'density': per_model('density', key, t, 1.0), 'scaling_factor': g('lambda', key, t, 1.0),
+             'normalize': g('normalize', key, t, norm, bool), 'rescale': g('rescale', key, t, resc, bool)}
         if method == 'task_arithmetic':   # task arithmetic's own rule: θ₀ + Σ λ·wᵢ/(Σw) τᵢ
             s = sum(d['weight']); s = s if d['normalize'] and abs(s) >= 1e-8 else 1.0
             return dict(scaling_factor=[d['scaling_factor'] * w / s for w in d['weight']])
@@ -260,7 +312,8 @@ def load_mergekit_config(raw:Mapping, # a mergekit config, parsed
     check_known_keys(raw, dict.fromkeys(MERGEKIT_KEYS + ('slices', 'modules')), w)
     base = model_source(raw['base_model'], f"{w}base_model") if raw.get('base_model') else None
     if base is None and name not in _NO_BASE: raise FusionError(f"{w}base_model: mergekit's {name} needs a base_model")
-    sources, params = _model_params(raw.get('models'), base if name not in ('linear', 'karcher') else None, w)
+    sources, params, places = _model_params(raw.get('models'), base if name not in ('linear', 'karcher') else None, w)
+    check_model_types({**({'base_model': base} if base else {}), **{places[n]: s for n, s in sources.items()}}, w)
     glob, notes = dict(raw.get('parameters') or {}), []
     ignored = [where for where, ps in [('parameters', glob), *((f"{n}.parameters", p) for n, p in params.items())] if 'weight' in ps]
     if name in _NO_WEIGHT and ignored:
@@ -282,7 +335,7 @@ def load_mergekit_config(raw:Mapping, # a mergekit config, parsed
                                                           f"merged model's embeddings {vocab(ref_src)} rows: only 'base' (or a model with the same vocabulary) is supported")
     seed = raw.get('seed', 0)
     if not isinstance(seed, int) or isinstance(seed, bool): raise FusionError(f"{w}seed: expected a whole number, got {seed!r}")
-    values = _checked_values(name, glob, params, seed, w)
+    values = _checked_values(name, glob, params, seed, w, places)
     make_rule = MERGEKIT_RULES.get(name)
     if name == 'slerp' or (name == 'karcher' and base is not None and base not in sources.values()):
         sources = {_free_name(Path(base).name or base, sources): base, **sources}   # mergekit's karcher averages the base too

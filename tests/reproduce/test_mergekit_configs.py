@@ -94,3 +94,38 @@ def test_karcher_with_a_base_averages_it_too(tmp_path):
     merged = _weights(run_merge(cfg, tmp_path/'out', progress=False, log=lambda s: None))
     for k in ['model.layers.1.mlp.up_proj.weight', 'model.norm.weight', 'lm_head.weight']:
         _close(merged[k], _naive_karcher([B[k].double(), E1[k].double(), E2[k].double()]).float(), atol=1e-4)
+
+def test_multi_stage_file(tmp_path):
+    "docs/multimerge.md's form: the final stage first, naming `first-merge`; intermediates kept in OUT.intermediates, reused."
+    (b, e1, e2, e3), (B, E1, E2, E3) = _zoo(tmp_path, _llama, n=3)
+    (tmp_path/'multi.yml').write_text(f"""merge_method: task_arithmetic
+base_model: {b}
+models:
+  - model: first-merge
+    parameters: {{weight: 0.7}}
+  - model: {e3}
+    parameters: {{weight: 0.2}}
+---
+name: first-merge
+merge_method: linear
+models:
+  - model: {e1}
+    parameters: {{weight: 0.5}}
+  - model: {e2}
+    parameters: {{weight: 0.5}}
+""")
+    lines = []
+    out = run_merge(tmp_path/'multi.yml', tmp_path/'out', progress=False, log=lines.append)
+    merged, first = _weights(out), _weights(tmp_path/'out.intermediates'/'first-merge')
+    for k in B:
+        _close(first[k], (E1[k] + E2[k]) / 2)
+        _close(merged[k], B[k] + 0.7 * ((E1[k] + E2[k]) / 2 - B[k]) + 0.2 * (E3[k] - B[k]))
+    run_merge(tmp_path/'multi.yml', tmp_path/'out', progress=False, log=lines.append)
+    assert any('not merged again' in l for l in lines)
+    with pytest.raises(FusionError, match="multi.yml: 2 YAML documents"): load_merge_config(tmp_path/'multi.yml')
+
+def test_multi_stage_bad_reference_names_the_stage(tmp_path):
+    (b, e1), _ = _zoo(tmp_path, _llama, n=1)
+    (tmp_path/'m.yml').write_text(f"name: a\nmerge_method: linear\nmodels: [{b}, {e1}]\n---\nname: b\nmerge_method: linear\n"
+                                  f"models: [{b}, {e1}]\n")
+    with pytest.raises(FusionError, match="m.yml: stages 'a', 'b' are read by no other stage"): run_merge(tmp_path/'m.yml', tmp_path/'o')
