@@ -58,13 +58,14 @@ def _sweep_main(a)->int:
 # %% ../../nbs/reproduce/99_cli.ipynb #15720065
 import textwrap
 MERGEKIT_NAMES = ('linear', 'task_arithmetic', 'slerp', 'model_stock', 'ties', 'dare_ties', 'della', 'dare_linear', 'della_linear',
-                  'breadcrumbs', 'breadcrumbs_ties', 'sce', 'nuslerp', 'multislerp', 'karcher')
+                  'breadcrumbs', 'breadcrumbs_ties', 'sce', 'nuslerp', 'multislerp', 'karcher', 'passthrough')
 MERGE_DESCRIPTION = f"""Merge models as a YAML config says and export them with a model card.
 
 mergekit configs are read as they are (merge_method: ...; the form of mergekit-yaml: fusion-nb merge CONFIG OUT), for
 causal LMs, LLaVA, CLIP and encoders with safetensors weights, out of core. mergekit methods run here:
 {textwrap.fill(', '.join(MERGEKIT_NAMES), 100, initial_indent='  ', subsequent_indent='  ')}
-(passthrough and slices:, arcee_fusion, nearswap and tokenizer_source: union are refused with a line saying so).
+with models: or slices: (layer ranges; passthrough stacks); arcee_fusion, nearswap, modules: and tokenizer_source: union
+are refused with a line saying so.
 Several YAML documents in one file are stages, later ones naming earlier ones' outputs by their name (mergekit-multi's
 files).
 This project's configs (method: ...) take any declared method that gives one model (fusion_nb.merge.methods_table()),

@@ -129,3 +129,76 @@ def test_multi_stage_bad_reference_names_the_stage(tmp_path):
     (tmp_path/'m.yml').write_text(f"name: a\nmerge_method: linear\nmodels: [{b}, {e1}]\n---\nname: b\nmerge_method: linear\n"
                                   f"models: [{b}, {e1}]\n")
     with pytest.raises(FusionError, match="m.yml: stages 'a', 'b' are read by no other stage"): run_merge(tmp_path/'m.yml', tmp_path/'o')
+
+def _slerp(a, b, t):
+    "slerp of two tensors (mergekit's: lerp where they are nearly parallel), in float64."
+    import math
+    v0, v1 = a.double().flatten(), b.double().flatten()
+    c = float(v0 @ v1 / (v0.norm() * v1.norm())) if v0.norm() * v1.norm() > 0 else 1.0
+    if abs(c) > 0.9995: return ((1 - t) * v0 + t * v1).view(a.shape)
+    om = math.acos(c); return ((math.sin((1 - t) * om) * v0 + math.sin(t * om) * v1) / math.sin(om)).view(a.shape)
+
+def test_gradient_slerp_yml_slices(tmp_path):
+    "examples/gradient-slerp.yml: one slice, both models' layers [0, 3), t by filter as a gradient over the slice's layers."
+    import numpy as np
+    (b, e1), (B, E1) = _zoo(tmp_path, _llama, n=1)
+    (tmp_path/'gs.yml').write_text(f"""slices:
+  - sources:
+      - model: {b}
+        layer_range: [0, 3]
+      - model: {e1}
+        layer_range: [0, 3]
+merge_method: slerp
+base_model: {b}
+parameters:
+  t:
+    - filter: self_attn
+      value: [0, 0.5, 0.3, 0.7, 1]
+    - filter: mlp
+      value: [1, 0.5, 0.7, 0.3, 0]
+    - value: 0.5
+dtype: float32
+""")
+    merged = _weights(run_merge(tmp_path/'gs.yml', tmp_path/'out', progress=False, log=lambda s: None))
+    assert set(merged) == set(B)
+    for k in B:
+        j = int(k.split('.')[2]) if k.startswith('model.layers.') else None
+        x = 0.0 if j is None else j / 2   # the layer's place in the slice: 0, 0.5, 1
+        grad = lambda v: float(np.interp(x * (len(v) - 1), range(len(v)), v))
+        t = grad([0, 0.5, 0.3, 0.7, 1]) if 'self_attn' in k else grad([1, 0.5, 0.7, 0.3, 0]) if 'mlp' in k else 0.5
+        _close(merged[k], _slerp(B[k], E1[k], t).float())
+
+def test_passthrough_frankenmerge(tmp_path):
+    "A passthrough stack (orcamini-platy-44layer.yml's form): base layers [0, 2) then e1's [1, 3) → 4 layers, config says so."
+    from transformers import AutoModelForCausalLM
+    (b, e1), (B, E1) = _zoo(tmp_path, _llama, n=1)
+    cfg = dict(merge_method='passthrough', dtype='float32', slices=[
+        dict(sources=[dict(model=str(b), layer_range=[0, 2])]),
+        dict(sources=[dict(model=str(e1), layer_range=[1, 3], parameters=dict(scale=[{'filter': 'o_proj', 'value': 0.5}, {'value': 1.0}]))])])
+    out = run_merge(cfg, tmp_path/'out', progress=False, log=lambda s: None)
+    merged = _weights(out)
+    src = {0: (B, 0), 1: (B, 1), 2: (E1, 1), 3: (E1, 2)}
+    want = {'model.embed_tokens.weight': B['model.embed_tokens.weight'],   # before the layers: the first slice's
+            'model.norm.weight': E1['model.norm.weight'], 'lm_head.weight': E1['lm_head.weight']}   # after: the last slice's
+    for i, (sd, j) in src.items():
+        for k in B:
+            if k.startswith(f'model.layers.{j}.'):
+                want[f'model.layers.{i}.' + k.split('.', 3)[3]] = sd[k] * (0.5 if i >= 2 and 'o_proj' in k else 1.0)
+    assert set(merged) == set(want)
+    for k in want: _close(merged[k], want[k], atol=0)
+    written = json.loads((out/'config.json').read_text())
+    assert written['num_hidden_layers'] == 4 and len(written.get('layer_types', [0] * 4)) == 4
+    assert len(AutoModelForCausalLM.from_pretrained(out).model.layers) == 4
+
+@pytest.mark.parametrize('change, message', [
+    (lambda s: s[0]['sources'][0].update(layer_range=[0, 5]), r"slices\[0\]: layer_range \[0, 5\) of .*base, which has 3 layers"),
+    (lambda s: s[0]['sources'][0].update(layer_range=[2, 1]), r"slices\[0\]\.sources\[0\]\.layer_range: expected \[first, end\)"),
+    (lambda s: s[0]['sources'].append(dict(s[0]['sources'][0])), r"slices\[0\]: passthrough copies one source per slice; it has 2"),
+    (lambda s: s[1]['sources'][0].update(layer_range=[0, 1], extra=1), r"slices\[1\]\.sources\[0\]: unknown key")])
+def test_bad_slices_are_named(tmp_path, change, message):
+    (b, e1), _ = _zoo(tmp_path, _llama, n=1)
+    slices = [dict(sources=[dict(model=str(b), layer_range=[0, 2])]), dict(sources=[dict(model=str(e1), layer_range=[1, 3])])]
+    change(slices)
+    with pytest.raises(FusionError, match=message):
+        run_merge(dict(merge_method='passthrough', slices=slices), tmp_path/'out', progress=False, log=lambda s: None)
+    assert not (tmp_path/'out').exists()
