@@ -451,6 +451,6 @@ def run_stages(path:Path, # a file of several YAML documents
         inputs = hf_inputs(cfg) if isinstance(cfg, HFMergePlan) else merge_inputs(cfg)
         if n != final and done.is_file() and json.loads(done.read_text()).get('hash') == inputs['hash']:
             log(f"stage {n!r}: {dest} holds it already (same inputs), not merged again"); continue
-        log(f"stage {n or final!r} → {dest}")
+        log(f"stage {n!r} → {dest}" if n else f"final stage → {dest}")
         run_merge(cfg, dest, **({k: v for k, v in kw.items() if k != 'repo_id'} if n != final else kw))
     return out_dir
