@@ -37,7 +37,8 @@ MERGEKIT_METHODS = {n: n for n in ('linear', 'task_arithmetic', 'slerp', 'model_
 GTA_DEFAULTS = {'ties': (True, False), 'dare_ties': (False, True), 'della': (True, True), 'dare_linear': (False, True), 'della_linear': (False, True),
                 'breadcrumbs': (False, False), 'breadcrumbs_ties': (False, False), 'task_arithmetic': (False, False)}  # mergekit's (normalize, rescale)
 MERGEKIT_METHODS['passthrough'] = 'linear'   # slices only: each output tensor copied from its one source (× its scale)
-MERGEKIT_LACKS = {'arcee_fusion': 'not implemented here', 'nearswap': 'not implemented here'}
+MERGEKIT_LACKS = {'arcee_fusion': 'its importance scores (a KL-divergence-based, dynamically thresholded choice of entries) are not implemented here',
+                  'nearswap': 'its similarity-thresholded interpolation is not implemented here'}   # mergekit runs them
 MERGEKIT_KEYS = ('merge_method', 'base_model', 'models', 'slices', 'parameters', 'dtype', 'out_dtype', 'tokenizer_source', 'name',
                  'device', 'output', 'seed')   # the last three are this project's
 
