@@ -3,13 +3,15 @@
 
 Builds a random Llama-architecture base model in bfloat16 and three fine-tune stand-ins (base + Gaussian noise, the
 stand-in task vectors), all with `save_pretrained` (sharded safetensors, a tokenizer beside them), then runs each config
-(linear, task_arithmetic, ties, dare_ties, slerp, model_stock) once with each tool, each run a fresh subprocess:
+(linear, task_arithmetic, ties, dare_ties, slerp, model_stock; linear with `dtype: float16`, a gradient slerp over
+`slices:`, a passthrough stack) once with each tool, each run a fresh subprocess:
 
 - wall time of the whole command (start-up, reading, merging, writing);
 - peak RSS of that subprocess (ru_maxrss of a wrapper's children: memory-mapped safetensors pages count, for both);
 - the largest absolute difference between the two outputs over every tensor (float32).
 
-Both compute in float32 (`dtype: float32`) and write bfloat16 (`out_dtype: bfloat16`), on the CPU. DARE draws random
+The first six compute in float32 (`dtype: float32`) and write bfloat16 (`out_dtype: bfloat16`), on the CPU; the last three
+take the dtype as mergekit's examples do. DARE draws random
 masks: each tool its own (mergekit from torch's global generator, fusion_nb from a seeded per-tensor one), so its
 difference is the size of the dropped entries, not an error. mergekit is run from a scratch environment outside this
 repository (`/tmp/mk-venv/bin/mergekit-yaml`, or --mergekit); without it, only fusion_nb runs.
@@ -26,9 +28,10 @@ SIZES = {'tiny': dict(hidden_size=64, intermediate_size=172, num_hidden_layers=2
          '1b': dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=32, vocab_size=32000)}
 NOISE = 0.002   # the fine-tunes' offset from the base, relative to a weight scale of ~0.02 (Llama's init std)
 
-def configs(d: Path) -> dict:
-    "The mergekit configs, run unchanged by both tools."
+def configs(d: Path, layers: int = 8) -> dict:
+    "The mergekit configs, run unchanged by both tools (`layers`: the models' layer count, for the `slices:` ones)."
     b, (e1, e2, e3) = str(d/'base'), [str(d/f'ft{i}') for i in (1, 2, 3)]
+    half = layers // 2
     common = dict(dtype='float32', out_dtype='bfloat16')
     w = lambda *ws, **p: [dict(model=m, parameters=dict(weight=x, **p)) for m, x in zip((e1, e2, e3), ws)]
     return {
@@ -37,7 +40,18 @@ def configs(d: Path) -> dict:
         'ties': dict(merge_method='ties', base_model=b, models=w(1.0, 0.5, 0.3, density=0.5), parameters=dict(normalize=True), **common),
         'dare_ties': dict(merge_method='dare_ties', base_model=b, models=w(1.0, 0.5, 0.3, density=0.5), **common),
         'slerp': dict(merge_method='slerp', base_model=b, models=[dict(model=b), dict(model=e1)], parameters=dict(t=0.3), **common),
-        'model_stock': dict(merge_method='model_stock', base_model=b, models=[dict(model=m) for m in (e1, e2, e3)], **common)}
+        'model_stock': dict(merge_method='model_stock', base_model=b, models=[dict(model=m) for m in (e1, e2, e3)], **common),
+        # examples/linear.yml's habit: bfloat16 models merged with `dtype: float16` (one rounding, to float16)
+        'linear_float16': dict(merge_method='linear', models=w(0.5, 0.3, 0.2), dtype='float16'),
+        # examples/gradient-slerp.yml: one slice over every layer, t by filter as a gradient
+        'gradient_slerp': dict(merge_method='slerp', base_model=b, dtype='bfloat16',
+                               slices=[dict(sources=[dict(model=b, layer_range=[0, layers]), dict(model=e1, layer_range=[0, layers])])],
+                               parameters=dict(t=[dict(filter='self_attn', value=[0, 0.5, 0.3, 0.7, 1]),
+                                                  dict(filter='mlp', value=[1, 0.5, 0.7, 0.3, 0]), dict(value=0.5)])),
+        # a passthrough stack (depth up-scaling's form): 1.5 × the layers
+        'passthrough': dict(merge_method='passthrough', dtype='bfloat16',
+                            slices=[dict(sources=[dict(model=b, layer_range=[0, layers])]),
+                                    dict(sources=[dict(model=e1, layer_range=[half, layers])])])}
 
 def build(d: Path, size: str):
     "The base and three fine-tune stand-ins, bfloat16, sharded as save_pretrained shards them, with a tokenizer."
@@ -111,7 +125,7 @@ def main(argv=None):
         if mk is None: print(f"mergekit not found at {a.mergekit}: only fusion_nb runs", flush=True)
         fnb = [sys.executable, '-c', 'import sys; from fusion_nb.reproduce.cli import main; sys.exit(main(sys.argv[1:]))']  # `fusion-nb`
         rows = []
-        for name, cfg in configs(d).items():
+        for name, cfg in configs(d, SIZES[a.size]['num_hidden_layers']).items():
             if a.only and name not in a.only: continue
             import yaml
             (d/f'{name}.yml').write_text(yaml.safe_dump(cfg, sort_keys=False))

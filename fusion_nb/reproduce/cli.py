@@ -15,7 +15,7 @@ from .profiles import experiments_dir, list_experiments, list_profiles, load_pro
 from .runner import BACKENDS, experiment_title, reproduce, sweep
 
 # %% auto #0
-__all__ = ['main']
+__all__ = ['MERGEKIT_NAMES', 'MERGE_DESCRIPTION', 'main']
 
 # %% ../../nbs/reproduce/99_cli.ipynb #f435fe86
 def _add_backend_options(p:argparse.ArgumentParser)->None:
@@ -55,6 +55,29 @@ def _sweep_main(a)->int:
         return 1
     return 0
 
+# %% ../../nbs/reproduce/99_cli.ipynb #15720065
+import textwrap
+MERGEKIT_NAMES = ('linear', 'task_arithmetic', 'slerp', 'model_stock', 'ties', 'dare_ties', 'della', 'dare_linear', 'della_linear',
+                  'breadcrumbs', 'breadcrumbs_ties', 'sce', 'nuslerp', 'multislerp', 'karcher', 'passthrough')
+MERGE_DESCRIPTION = f"""Merge models as a YAML config says and export them with a model card.
+
+mergekit configs are read as they are (merge_method: ...; the form of mergekit-yaml: fusion-nb merge CONFIG OUT), for
+causal LMs, LLaVA, CLIP and encoders with safetensors weights, out of core. mergekit methods run here:
+{textwrap.fill(', '.join(MERGEKIT_NAMES), 100, initial_indent='  ', subsequent_indent='  ')}
+with models: or slices: (layer ranges; passthrough stacks); arcee_fusion, nearswap, modules: and tokenizer_source: union
+are refused with a line saying so.
+Several YAML documents in one file are stages, later ones naming earlier ones' outputs by their name (mergekit-multi's
+files).
+This project's configs (method: ...) take any declared method that gives one model (fusion_nb.merge.methods_table()),
+and for CLIP the data-based ones with a profile."""
+
+def _merge_output(a)->str:
+    "The output folder: the positional OUT (mergekit-yaml's form) or -o, one of them."
+    if a.out is None and a.output is None: raise FusionError("merge: say where to write: fusion-nb merge CONFIG OUT (or -o OUT)")
+    if a.out is not None and a.output is not None and a.out != a.output:
+        raise FusionError(f"merge: two output folders, {a.out!r} and -o {a.output!r}: give one")
+    return a.out or a.output
+
 # %% ../../nbs/reproduce/99_cli.ipynb #3bd48ade
 def _parser()->argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog='fusion-nb', description='Reproduce the tables and figures of the fusion papers '
@@ -71,9 +94,13 @@ def _parser()->argparse.ArgumentParser:
     _add_sweep_parser(sub)
     sub.add_parser('list', help='list profiles and experiments')
     g = sub.add_parser('merge', help='merge models (any Hugging Face model with safetensors weights) as a YAML config says, '
-                       "this project's or mergekit's, and export them with a model card (fusion_nb.reproduce.merge_config)")
-    g.add_argument('config', help='the merge config (YAML; examples in examples/merge/)')
-    g.add_argument('-o', '--output', required=True, help='the folder to write (new, empty, or an earlier export)')
+                       "this project's or mergekit's, and export them with a model card (fusion_nb.reproduce.merge_config)",
+                       description=MERGE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument('config', help="the merge config: a mergekit config (merge_method: ...) as mergekit-yaml reads it, or this "
+                   "project's (method: ...); examples in examples/merge/")
+    g.add_argument('out', nargs='?', default=None, help="the folder to write (new, empty, or an earlier export): mergekit-yaml's "
+                   "form, the same as -o")
+    g.add_argument('-o', '--output', default=None, help='the folder to write (new, empty, or an earlier export)')
     g.add_argument('--push-to-hub', metavar='OWNER/NAME', default=None, help='upload the folder to this hub repository afterwards')
     g.add_argument('--device', default=None, help="where merging computes (cpu, cuda, auto), overriding the config's device")
     g.add_argument('--no-progress', action='store_true', help='no progress bars')
@@ -101,7 +128,7 @@ def main(argv:Sequence[str]|None=None)->int:
         if a.cmd == 'list': _list(); return 0
         if a.cmd == 'merge':
             from fusion_nb.reproduce.merge_config import run_merge   # the merge methods load only for this command
-            run_merge(a.config, a.output, repo_id=a.push_to_hub, device=a.device, progress=not a.no_progress); return 0
+            run_merge(a.config, _merge_output(a), repo_id=a.push_to_hub, device=a.device, progress=not a.no_progress); return 0
         if a.cmd == 'sweep': return _sweep_main(a)
         status = reproduce(a.profile, a.only, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address, jobs=a.jobs)
     except FusionError as e:

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from ..core import (FusionError, HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_dir, check_known_keys,
                             atomic_write_text, get_device, get_dtype)
 from ..checkpoints import LazyStateDict, model_source, resolve_model_dir
-from ..methods.registry import MergeMethod, all_finite, merge_streaming, write_merged
+from ..methods.registry import MergeMethod, all_finite, merge_streaming, read_tensor, write_merged
 from ..merge import MERGE_METHODS
 from ..methods.breadcrumbs import gta_rule, magnitude_outliers
 from ..methods.linear_sparse import dare_sparsify, magprune_sparsify
@@ -26,18 +26,20 @@ import fusion_nb
 
 # %% auto #0
 __all__ = ['MERGEKIT_METHODS', 'GTA_DEFAULTS', 'MERGEKIT_LACKS', 'MERGEKIT_KEYS', 'MERGEKIT_RULES', 'HF_OUTPUT_DEFAULTS',
-           'layer_positions', 'setting_value', 'AlignedModel', 'align_models', 'HFMergePlan', 'load_mergekit_config',
-           'hf_dtype', 'hf_device', 'hf_output', 'copy_model_files', 'open_models', 'check_values', 'run_hf_merge',
-           'hf_model_card']
+           'layer_positions', 'setting_value', 'AlignedModel', 'align_models', 'check_model_types', 'HFMergePlan',
+           'mergekit_scalar', 'load_mergekit_config', 'SlicePlan', 'layer_key', 'load_sliced_config', 'SlicedOutput',
+           'sliced_output', 'hf_dtype', 'hf_device', 'hf_output', 'copy_model_files', 'set_layer_count', 'open_models',
+           'check_values', 'run_hf_merge', 'hf_model_card']
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #734615cf
 MERGEKIT_METHODS = {n: n for n in ('linear', 'task_arithmetic', 'slerp', 'model_stock', 'ties', 'dare_ties', 'della', 'dare_linear', 'della_linear',
                                    'breadcrumbs', 'breadcrumbs_ties', 'sce', 'nuslerp', 'multislerp', 'karcher')}
 GTA_DEFAULTS = {'ties': (True, False), 'dare_ties': (False, True), 'della': (True, True), 'dare_linear': (False, True), 'della_linear': (False, True),
                 'breadcrumbs': (False, False), 'breadcrumbs_ties': (False, False), 'task_arithmetic': (False, False)}  # mergekit's (normalize, rescale)
-MERGEKIT_LACKS = {'passthrough': 'it stacks layers (frankenmerges) rather than merging tensors',
-                  'arcee_fusion': 'not implemented here', 'nearswap': 'not implemented here'}
-MERGEKIT_KEYS = ('merge_method', 'base_model', 'models', 'parameters', 'dtype', 'out_dtype', 'tokenizer_source', 'name',
+MERGEKIT_METHODS['passthrough'] = 'linear'   # slices only: each output tensor copied from its one source (× its scale)
+MERGEKIT_LACKS = {'arcee_fusion': 'its importance scores (a KL-divergence-based, dynamically thresholded choice of entries) are not implemented here',
+                  'nearswap': 'its similarity-thresholded interpolation is not implemented here'}   # mergekit runs them
+MERGEKIT_KEYS = ('merge_method', 'base_model', 'models', 'slices', 'parameters', 'dtype', 'out_dtype', 'tokenizer_source', 'name',
                  'device', 'output', 'seed')   # the last three are this project's
 
 
@@ -85,14 +87,17 @@ _EMBED_TAILS = ('embed_tokens.weight', 'wte.weight', 'word_embeddings.weight', '
 
 class AlignedModel(Mapping):
     "A lazy model seen with the base's keys and shapes: tied embeddings supplied, rows cut or filled from the base (`tokenizer_source: base`)."
-    def __init__(self, sd:LazyStateDict, base:LazyStateDict, keys:Sequence[str], rows:bool):
+    def __init__(self, sd:LazyStateDict, base:LazyStateDict, keys:Sequence[str], rows:bool, out_dtype:torch.dtype|None=None):
         self.sd, self.base, self.keys_, self.rows, self.name, self._set = sd, base, list(keys), rows, sd.name, set(keys)
+        self.out_dtype = out_dtype   # the dtype a merged floating tensor is rounded to, once (None: the base's)
     def _src(self, key):
         if key in self.sd: return key
         tied = [k for k in self.sd if k.endswith(_EMBED_TAILS)]
         if key.endswith('lm_head.weight') and len(tied) == 1: return tied[0]
         raise IncompatibleModelsError(f"model {self.name!r} has no tensor {key!r} (the base has it)")
-    def meta(self, key): return self.base.meta(key)
+    def meta(self, key):
+        shape, dtype = self.base.meta(key)
+        return shape, (self.out_dtype if self.out_dtype is not None and dtype.is_floating_point else dtype)
     def __getitem__(self, key):
         t, shape = self.sd[self._src(key)], self.base.shape(key)
         if tuple(t.shape) == tuple(shape): return t
@@ -106,11 +111,12 @@ class AlignedModel(Mapping):
 def align_models(base:LazyStateDict, # the model whose keys and shapes the output has
                  models:Mapping[str, LazyStateDict], # name → the other models
                  tokenizer_source:str|None=None, # 'base': embedding rows of other sizes are cut / filled from the base
+                 out_dtype:torch.dtype|None=None, # the dtype merged floating tensors are rounded to (None: the base's)
                 )->dict[str, AlignedModel]:
     "Each model seen with the base's keys and shapes; `IncompatibleModelsError` naming the tensor and both sizes where they cannot be."
     keys, out = list(base), {}
     for n, sd in models.items():
-        m = AlignedModel(sd, base, keys, tokenizer_source == 'base')
+        m = AlignedModel(sd, base, keys, tokenizer_source == 'base', out_dtype)
         for k in keys:
             src = m._src(k)
             (s, dt), (bs, bdt) = sd.meta(src), base.meta(k)
@@ -122,8 +128,25 @@ def align_models(base:LazyStateDict, # the model whose keys and shapes the outpu
                                               "and rows), or merge models with the same tokenizer")
             raise IncompatibleModelsError(f"model {n!r}: tensor {src!r} has shape {tuple(s)}, the base's {k!r} {tuple(bs)}: "
                                           "not the same architecture")
+        extra = [k for k in sd if k not in m._set and not k.endswith('lm_head.weight')]   # an untied head beside tied embeddings: mergekit drops it too
+        if extra: raise IncompatibleModelsError(f"model {n!r} ({sd.source}) has {len(extra)} tensor(s) the base ({base.source}) lacks, e.g. "
+                                                f"{', '.join(map(repr, extra[:2]))}: not the same architecture (more layers?); they would "
+                                                "be dropped. mergekit refuses it too: merge models of one shape")
         out[n] = m
     return out
+
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #9376ffc0
+def check_model_types(sources:Mapping[str, str], # place in the config → model source
+                      w:str='', # the config's name, for messages
+                     )->None:
+    "`IncompatibleModelsError` naming the first model whose config.json `model_type` differs from the first one's (mergekit refuses mixed architectures)."
+    ref = None
+    for where, src in sources.items():
+        try: kind = json.loads((resolve_model_dir(src)/'config.json').read_text()).get('model_type')
+        except (FusionError, OSError, ValueError): continue   # unreadable: reading its weights names it
+        if ref is None: ref = (where, src, kind); continue
+        if kind != ref[2]: raise IncompatibleModelsError(f"{w}{where} ({src}) is a {kind!r} model, {ref[0]} ({ref[1]}) a {ref[2]!r}: "
+                                                         "another architecture, whose tensors do not line up; merge models of one architecture")
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #4ceed280
 @dataclass
@@ -140,6 +163,8 @@ class HFMergePlan:
     output:dict # card, push_to_hub, private, max_shard_size
     raw:dict # the config as written
     mergekit:str|None=None # the mergekit method name, for mergekit-schema configs
+    notes:list=field(default_factory=list) # lines to tell the user before merging (what has no effect)
+    slices:list|None=None # `slices:` configs: the output slices (SlicePlan), in order
 
     @property
     def ref(self)->str: return self.base_model or next(iter(self.models.values()))
@@ -157,10 +182,17 @@ def _rule_per_tensor(m:MergeMethod, values:Callable, pretrained, experts, runtim
     return merge_tensor
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #965294d2
-def _model_params(raw_models, base, where)->tuple[dict, dict]:
-    "(name → source, name → its parameter settings) of a mergekit `models:` list, the base left out."
-    if not isinstance(raw_models, list) or not raw_models: raise FusionError(f"{where}models: expected a list of {{model: ..., parameters: ...}}")
-    sources, params = {}, {}
+def _free_name(name:str, taken)->str:
+    "`name`, or name-2, name-3… where it is taken."
+    i, out = 1, name
+    while out in taken: i += 1; out = f"{name}-{i}"
+    return out
+
+def _model_params(raw_models, base, where)->tuple[dict, dict, dict]:
+    "(name → source, name → its parameter settings, name → its place in the config) of a mergekit `models:` list, the base left out."
+    if isinstance(raw_models, list) and not raw_models: raise FusionError(f"{where}models: the list is empty: give the models to merge ({{model: folder or hub id, parameters: ...}})")
+    if not isinstance(raw_models, list): raise FusionError(f"{where}models: expected a list of {{model: ..., parameters: ...}}, got {raw_models!r}")
+    sources, params, places = {}, {}, {}
     for i, e in enumerate(raw_models):
         e = {'model': e} if isinstance(e, str) else e
         if not isinstance(e, Mapping) or 'model' not in e: raise FusionError(f"{where}models[{i}]: expected {{model: folder or hub id, parameters: ...}}, got {e!r}")
@@ -168,45 +200,78 @@ def _model_params(raw_models, base, where)->tuple[dict, dict]:
         if bad: raise FusionError(f"{where}models[{i}]: unknown key(s) {sorted(bad)} (mergekit's are model and parameters)")
         src = model_source(e['model'], f"{where}models[{i}].model")
         if src == base: continue   # mergekit configs often list the base among the models
-        name = str(e.get('name') or Path(src).name or src)
-        while name in sources: name += "'"
-        sources[name], params[name] = src, dict(e.get('parameters') or {})
-    return sources, params
+        name = _free_name(str(e.get('name') or Path(src).name or src), sources)
+        sources[name], params[name], places[name] = src, dict(e.get('parameters') or {}), f"models[{i}] ({src})"
+    return sources, params, places
+
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #115b55a1
+_TRUE, _FALSE = {'true', 'yes', 'on', 't', 'y', '1'}, {'false', 'no', 'off', 'f', 'n', '0'}   # pydantic's lax booleans
+_FRACTIONS = {'density': 'the fraction of entries kept', 'select_topk': 'the fraction of entries selected'}   # in (0, 1]
+
+def mergekit_scalar(value, # a value of a mergekit config (after gradients and filters are resolved)
+                    kind:type, # float, int or bool
+                    where:str, # its place in the config, for messages
+                    name:str='', # the parameter's mergekit name (for its range)
+                   ):
+    "`value` read as mergekit's pydantic config reads a `kind`; `FusionError` naming `where` when it is not one."
+    if kind is bool:
+        if isinstance(value, bool): return value
+        if isinstance(value, (int, float)) and value in (0, 1): return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE: return value.strip().lower() in _TRUE
+        raise FusionError(f"{where}: {value!r} is not true or false")
+    try: x = None if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError): x = None
+    if x is None: raise FusionError(f"{where}: {value!r} is not a number" + (f" (write {float(value[:-1]) / 100:g} for {value})"
+                                    if isinstance(value, str) and re.fullmatch(r'\s*[\d.]+%', value) else ''))
+    if not math.isfinite(x): raise FusionError(f"{where}: {value!r} is not a finite number")
+    if kind is int and x != int(x): raise FusionError(f"{where}: {value!r} is not a whole number")
+    if name in _FRACTIONS and not 0 < x <= 1: raise FusionError(f"{where}: {x:g} is out of range: {name} is {_FRACTIONS[name]}, in (0, 1]")
+    return int(x) if kind is int else x
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #52193029
-def _checked_values(method:str, glob:dict, params:dict, seed:int, where:str)->Callable:
+def _checked_values(method:str, glob:dict, params:dict, seed:int, where:str, places:Mapping|None=None)->Callable:
     "(key, t) → the hyperparameters of this project's method that mergekit's `method` means for tensor `key`."
-    names = list(params)
+    names, places = list(params), places or {n: n for n in params}
     def per_model(p, key, t, default=None, required=False):
         out = []
         for n in names:
-            v = setting_value(params[n].get(p), key, t, f"{where}{n}.parameters.{p}")
-            if v is None: v = setting_value(glob.get(p), key, t, f"{where}parameters.{p}")
-            if v is None and required: raise FusionError(f"{where}model {n!r} gives no {p!r} for tensor {key!r} (mergekit requires it)")
-            out.append(default if v is None else float(v))
+            at = f"{where}{places[n]}.parameters.{p}"
+            v = setting_value(params[n].get(p), key, t, at)
+            if v is None: at = f"{where}parameters.{p}"; v = setting_value(glob.get(p), key, t, at)
+            if v is None and required: raise FusionError(f"{where}{places[n]} gives no {p!r} for tensor {key!r} (mergekit requires it)")
+            out.append(default if v is None else mergekit_scalar(v, float, at, p))
         return out
-    def g(p, key, t, default):
+    def g(p, key, t, default, kind=float):
         v = setting_value(glob.get(p), key, t, f"{where}parameters.{p}")
-        return default if v is None else v
+        return default if v is None else mergekit_scalar(v, kind, f"{where}parameters.{p}", p)
     def one(p, key, t, default):   # a value the registered method takes once: per-model settings must agree
         vs = set(per_model(p, key, t, default))
         if len(vs) > 1: raise FusionError(f"{where}models give different {p!r} for tensor {key!r}; mergekit's {method} here takes one")
         return vs.pop()
+    def weights(key, t, sums_to_nonzero=False):
+        w = per_model('weight', key, t, required=True)
+        if sums_to_nonzero and sum(w) == 0:
+            raise FusionError(f"{where}weight: mergekit's {method} divides by the weights' sum, and for tensor {key!r} they sum to 0 "
+                              f"({', '.join(f'{places[n]}: {x:g}' for n, x in zip(names, w))}): give weights whose sum is not 0")
+        return w
     def values(key, t):
-        W = lambda: per_model('weight', key, t, required=True)
-        if method == 'linear': return dict(weights=W(), normalize=bool(g('normalize', key, t, True)))
+        W = lambda: weights(key, t)
+        if method == 'linear': return dict(weights=W(), normalize=g('normalize', key, t, True, bool))
         if method == 'slerp':
             v = setting_value(glob.get('t'), key, t, f"{where}parameters.t")
             if v is None: raise FusionError(f"{where}parameters.t: slerp needs t for tensor {key!r}")
-            return dict(t=float(v))
+            return dict(t=mergekit_scalar(v, float, f"{where}parameters.t"))
         if method == 'model_stock': return {}
-        if method == 'sce': return dict(select_topk=float(g('select_topk', key, t, 1.0)))
-        if method == 'karcher': return dict(max_iter=int(g('max_iter', key, t, 10)), tol=float(g('tol', key, t, 1e-5)))
-        if method == 'multislerp': return dict(weight=W(), normalize_weights=bool(g('normalize_weights', key, t, True)), eps=float(g('eps', key, t, 1e-8)))
-        if method == 'nuslerp': return dict(weight=W(), flatten=bool(g('nuslerp_flatten', key, t, True)), row_wise=bool(g('nuslerp_row_wise', key, t, False)))
+        if method == 'sce': return dict(select_topk=g('select_topk', key, t, 1.0))
+        if method == 'karcher': return dict(max_iter=g('max_iter', key, t, 10, int), tol=g('tol', key, t, 1e-5))
+        if method == 'multislerp':
+            norm = g('normalize_weights', key, t, True, bool)
+            return dict(weight=weights(key, t, norm), normalize_weights=norm, eps=g('eps', key, t, 1e-8))
+        if method == 'nuslerp': return dict(weight=weights(key, t, True), flatten=g('nuslerp_flatten', key, t, True, bool),
+                                            row_wise=g('nuslerp_row_wise', key, t, False, bool))
         norm, resc = GTA_DEFAULTS[method]
-        d = {'weight': W(), 'density': per_model('density', key, t, 1.0), 'scaling_factor': float(g('lambda', key, t, 1.0)),
-             'normalize': bool(g('normalize', key, t, norm)), 'rescale': bool(g('rescale', key, t, resc))}
+        d = {'weight': W(), 'density': per_model('density', key, t, 1.0), 'scaling_factor': g('lambda', key, t, 1.0),
+             'normalize': g('normalize', key, t, norm, bool), 'rescale': g('rescale', key, t, resc, bool)}
         if method == 'task_arithmetic':   # task arithmetic's own rule: θ₀ + Σ λ·wᵢ/(Σw) τᵢ
             s = sum(d['weight']); s = s if d['normalize'] and abs(s) >= 1e-8 else 1.0
             return dict(scaling_factor=[d['scaling_factor'] * w / s for w in d['weight']])
@@ -221,15 +286,19 @@ def _checked_values(method:str, glob:dict, params:dict, seed:int, where:str)->Ca
 _GTA_KEYS = {'weight', 'density', 'lambda', 'normalize', 'rescale', 'int8_mask'}
 _KNOWN = {'linear': {'weight', 'normalize'}, 'slerp': {'t'}, 'model_stock': {'filter_wise'}, **{k: _GTA_KEYS for k in GTA_DEFAULTS},
           'breadcrumbs': _GTA_KEYS | {'gamma'}, 'breadcrumbs_ties': _GTA_KEYS | {'gamma'}, 'della_linear': _GTA_KEYS | {'epsilon'}, 'della': _GTA_KEYS | {'epsilon'},
-          'sce': {'select_topk'}, 'karcher': {'max_iter', 'tol'}, 'multislerp': {'weight', 'normalize_weights', 'eps'},
-          'nuslerp': {'weight', 'nuslerp_flatten', 'nuslerp_row_wise'}}
-_NO_BASE = ('linear', 'karcher', 'multislerp', 'nuslerp')   # mergekit methods that run without a base_model
+          'sce': {'select_topk', 'int8_mask'}, 'karcher': {'max_iter', 'tol'}, 'multislerp': {'weight', 'normalize_weights', 'eps'},
+          'nuslerp': {'weight', 'nuslerp_flatten', 'nuslerp_row_wise'}, 'passthrough': {'scale'}}
+_NO_BASE = ('linear', 'karcher', 'multislerp', 'nuslerp', 'passthrough')   # mergekit methods that run without a base_model
+_NO_WEIGHT = ('slerp', 'model_stock', 'sce', 'karcher')   # mergekit accepts a `weight` here (its tests write one) and ignores it
 
 def _mergekit_method(raw:Mapping, w:str)->tuple[str, MergeMethod]:
     name = raw.get('merge_method')
-    if raw.get('slices') or raw.get('modules'):
-        raise FusionError(f"{w}slices/modules: this project merges whole models tensor by tensor; mergekit's slices (layer ranges, "
-                          "frankenmerges) are not supported. Use `models:` (every model whole), or mergekit for this config")
+    if raw.get('modules'):
+        raise FusionError(f"{w}modules: mergekit's modules (one set of slices per part of a multi-part model) are not supported; "
+                          "use `models:` (every model whole) or `slices:` (a model with one stack of layers)")
+    if raw.get('slices') is not None and raw.get('models') is not None: raise FusionError(f"{w}models and slices: give one of them")
+    if name == 'passthrough' and raw.get('slices') is None:
+        raise FusionError(f"{w}merge_method: passthrough copies layers, so it needs slices: (sources with a layer_range)")
     if name in MERGEKIT_LACKS: raise FusionError(f"{w}merge_method: {name!r} is mergekit's, and this project lacks it: {MERGEKIT_LACKS[name]}. "
                                                  f"Methods it runs from a mergekit config: {', '.join(MERGEKIT_METHODS)}")
     if name not in MERGEKIT_METHODS:
@@ -249,10 +318,15 @@ def load_mergekit_config(raw:Mapping, # a mergekit config, parsed
     check_known_keys(raw, dict.fromkeys(MERGEKIT_KEYS + ('slices', 'modules')), w)
     base = model_source(raw['base_model'], f"{w}base_model") if raw.get('base_model') else None
     if base is None and name not in _NO_BASE: raise FusionError(f"{w}base_model: mergekit's {name} needs a base_model")
-    sources, params = _model_params(raw.get('models'), base if name not in ('linear', 'karcher') else None, w)
-    glob = dict(raw.get('parameters') or {})
+    if raw.get('slices') is not None: return load_sliced_config(raw, name, m, base, w)
+    sources, params, places = _model_params(raw.get('models'), base if name not in ('linear', 'karcher') else None, w)
+    check_model_types({**({'base_model': base} if base else {}), **{places[n]: s for n, s in sources.items()}}, w)
+    glob, notes = dict(raw.get('parameters') or {}), []
+    ignored = [where for where, ps in [('parameters', glob), *((f"{n}.parameters", p) for n, p in params.items())] if 'weight' in ps]
+    if name in _NO_WEIGHT and ignored:
+        notes.append(f"{w}weight has no effect: mergekit's {name} takes no weights (it ignores them too); given in {', '.join(ignored)}")
     for where, ps in [('parameters', glob), *((f"{n}.parameters", p) for n, p in params.items())]:
-        bad = set(ps) - _KNOWN[name]
+        bad = set(ps) - _KNOWN[name] - ({'weight'} if name in _NO_WEIGHT else set())
         if bad: raise FusionError(f"{w}{where}: {sorted(bad)} not parameter(s) of mergekit's {name} (it takes {', '.join(sorted(_KNOWN[name]))})")
     if name == 'model_stock' and glob.get('filter_wise'): raise FusionError(f"{w}parameters.filter_wise: model_stock's filter_wise is not supported here")
     if name == 'slerp' and (len(sources) != 1 or base is None): raise FusionError(f"{w}slerp merges the base_model and exactly one other model; the config gives {len(sources)} others")
@@ -268,12 +342,156 @@ def load_mergekit_config(raw:Mapping, # a mergekit config, parsed
                                                           f"merged model's embeddings {vocab(ref_src)} rows: only 'base' (or a model with the same vocabulary) is supported")
     seed = raw.get('seed', 0)
     if not isinstance(seed, int) or isinstance(seed, bool): raise FusionError(f"{w}seed: expected a whole number, got {seed!r}")
-    values = _checked_values(name, glob, params, seed, w)
+    values = _checked_values(name, glob, params, seed, w, places)
     make_rule = MERGEKIT_RULES.get(name)
-    if name == 'slerp': sources = {Path(base).name if Path(base).exists() else base: base, **sources}
+    if name == 'slerp' or (name == 'karcher' and base is not None and base not in sources.values()):
+        sources = {_free_name(Path(base).name or base, sources): base, **sources}   # mergekit's karcher averages the base too
     plan = HFMergePlan(m, None if name in ('linear', 'slerp', 'karcher') else base, sources, values, make_rule, hf_dtype(raw, w),
-                       ts, hf_device(raw, w), hf_output(raw, w), raw, name)
+                       ts, hf_device(raw, w), hf_output(raw, w), raw, name, notes)
     return plan
+
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #269476d6
+_SLICE_KEYS, _SOURCE_KEYS = ('sources', 'base_model', 'parameters'), ('model', 'layer_range', 'parameters')
+
+@dataclass
+class SlicePlan:
+    "One output slice: its sources (name → (model source, first layer)), θ₀'s name among them, its layer count, its values."
+    sources:dict # name → (model source, first layer of its range)
+    base:str|None # the source that is θ₀ (None: the method takes none)
+    n:int # its number of layers
+    values:Callable # (tensor name, t) → the method's hyperparameters, from the source's, the slice's and the global parameters
+
+def layer_key(key:str, i:int)->str:
+    "`key` with its layer index replaced by `i`."
+    m = _LAYER.match(key); return f"{m.group(1)}{i}.{key[m.end():]}"
+
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #b7dfaaa0
+def _layer_range(r, where)->tuple[int, int]:
+    if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in r) and 0 <= r[0] < r[1]):
+        raise FusionError(f"{where}: expected [first, end) as two whole numbers, first < end (e.g. [0, 16]), got {r!r}")
+    return r[0], r[1]
+
+def load_sliced_config(raw:Mapping, name:str, m:MergeMethod, base:str|None, w:str)->HFMergePlan:
+    "The plan of a `slices:` config: each slice's sources, ranges and values checked (no tensor read yet)."
+    slices, seed, glob = raw['slices'], raw.get('seed', 0), dict(raw.get('parameters') or {})
+    if not isinstance(slices, list) or not slices: raise FusionError(f"{w}slices: expected a list of {{sources: [...]}}, got {slices!r}")
+    plans, models = [], {}
+    for i, s in enumerate(slices):
+        at = f"slices[{i}]"
+        if not isinstance(s, Mapping) or not isinstance(s.get('sources'), list) or not s['sources']:
+            raise FusionError(f"{w}{at}: expected {{sources: [{{model: ..., layer_range: [first, end)}}, ...]}}, got {s!r}")
+        check_known_keys(s, dict.fromkeys(_SLICE_KEYS), f"{w}{at}: ")
+        srcs, params, places, lengths = {}, {}, {}, []
+        for j, e in enumerate(s['sources']):
+            where = f"{at}.sources[{j}]"
+            if not isinstance(e, Mapping) or 'model' not in e: raise FusionError(f"{w}{where}: expected {{model: ..., layer_range: [first, end)}}, got {e!r}")
+            check_known_keys(e, dict.fromkeys(_SOURCE_KEYS), f"{w}{where}: ")
+            src = model_source(e['model'], f"{w}{where}.model")
+            first, end = _layer_range(e.get('layer_range'), f"{w}{where}.layer_range")
+            n = _free_name(Path(src).name or src, srcs)
+            srcs[n], params[n], places[n] = (src, first), dict(e.get('parameters') or {}), f"{where} ({src})"
+            lengths.append(end - first); models.setdefault(src, n)
+        if len(set(lengths)) > 1: raise FusionError(f"{w}{at}: its sources have {' and '.join(map(str, lengths))} layers: every source of a slice gives the same number")
+        b = model_source(s['base_model'], f"{w}{at}.base_model") if s.get('base_model') else base
+        bname = next((n for n, (src, _) in srcs.items() if src == b), None) if name not in ('linear', 'karcher', 'passthrough') else None
+        if name not in _NO_BASE + ('passthrough',) and bname is None:
+            raise FusionError(f"{w}{at}: mergekit's {name} needs the base model among the slice's sources ({b or 'no base_model given'})")
+        if name == 'passthrough' and len(srcs) != 1: raise FusionError(f"{w}{at}: passthrough copies one source per slice; it has {len(srcs)}")
+        check_model_types({places[n]: src for n, (src, _) in srcs.items()}, w)
+        others = {n: p for n, p in params.items() if n != bname}
+        sglob = {**glob, **dict(s.get('parameters') or {})}
+        for where, ps in [('parameters', glob), (f"{at}.parameters", s.get('parameters') or {}), *((f"{places[n]}.parameters", p) for n, p in params.items())]:
+            bad = set(ps) - _KNOWN[name] - ({'weight'} if name in _NO_WEIGHT else set())
+            if bad: raise FusionError(f"{w}{where}: {sorted(bad)} not parameter(s) of mergekit's {name} (it takes {', '.join(sorted(_KNOWN[name]))})")
+        values = (lambda key, t, p=params, sg=sglob, pl=places: {'scale': _passthrough_scale(p, sg, key, t, w, pl)}) if name == 'passthrough' \
+                 else _checked_values(name, sglob, others, seed, w, places)
+        plans.append(SlicePlan(srcs, bname, lengths[0], values))
+    if raw.get('tokenizer_source') not in (None, 'base'): raise FusionError(f"{w}tokenizer_source: with slices only 'base' (the first source's tokenizer) is supported")
+    names = {n: src for src, n in models.items()}
+    return HFMergePlan(m, base, names, lambda key, t: {}, MERGEKIT_RULES.get(name), hf_dtype(raw, w), raw.get('tokenizer_source'),
+                       hf_device(raw, w), hf_output(raw, w), raw, name, [], plans)
+
+def _passthrough_scale(params, glob, key, t, w, places)->float:
+    (n, p), = params.items()
+    v = setting_value(p.get('scale'), key, t, f"{w}{places[n]}.parameters.scale")
+    if v is None: v = setting_value(glob.get('scale'), key, t, f"{w}parameters.scale")
+    return 1.0 if v is None else mergekit_scalar(v, float, f"{w}{places[n]}.parameters.scale")
+
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #131a8e11
+class _Renamed(Mapping):
+    "A lazy model seen with the output's keys: output key → its own (a layer of another index; a tied head → the embeddings)."
+    def __init__(self, sd:LazyStateDict, keys:Mapping[str, str]): self.sd, self.keys_, self.name = sd, dict(keys), sd.name
+    def _src(self, key):
+        k = self.keys_[key]
+        if k in self.sd: return k
+        tied = [x for x in self.sd if x.endswith(_EMBED_TAILS)]
+        if k.endswith('lm_head.weight') and len(tied) == 1: return tied[0]
+        raise IncompatibleModelsError(f"model {self.name!r} ({self.sd.source}) has no tensor {k!r}")
+    def meta(self, key): return self.sd.meta(self._src(key))
+    def __getitem__(self, key): return self.sd[self._src(key)]
+    def __iter__(self): return iter(self.keys_)
+    def __len__(self): return len(self.keys_)
+    def __contains__(self, key): return key in self.keys_
+
+class SlicedOutput(Mapping):
+    "The merged model of a `slices:` plan, lazily: reading a tensor merges it from its slice's sources."
+    def __init__(self, parts:dict, out_dtype:torch.dtype|None, layers:list):
+        self.parts, self.out_dtype, self.layers = parts, out_dtype, layers   # key → (rule, θ₀ view, {name: view}); output layer → (source, its layer)
+    def meta(self, key):
+        shape, dtype = next(iter(self.parts[key][2].values())).meta(key)
+        return shape, (self.out_dtype if self.out_dtype is not None and dtype.is_floating_point else dtype)
+    def shape(self, key): return self.meta(key)[0]
+    def dtype(self, key): return self.meta(key)[1]
+    def __getitem__(self, key):
+        rule, pre, views = self.parts[key]
+        if not self.meta(key)[1].is_floating_point: return next(iter(views.values()))[key]
+        return rule(key, None if pre is None else read_tensor(pre, key, 'base_model'), {n: read_tensor(v, key, n) for n, v in views.items()})
+    def __iter__(self): return iter(self.parts)
+    def __len__(self): return len(self.parts)
+    def __contains__(self, key): return key in self.parts
+
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #eba36204
+def _is_pre(key:str)->bool: return 'embed' in key or key.endswith(('wte.weight', 'wpe.weight'))   # before the layers: embeddings
+
+def sliced_output(plan:HFMergePlan, runtime:dict)->SlicedOutput:
+    "The output of a `slices:` plan: its keys (layers renumbered), each one's rule and inputs; ranges, shapes and values checked."
+    lazy, parts, layers, out_dtype = {}, {}, [], None if plan.out_dtype is None else get_dtype(plan.out_dtype)
+    open_ = lambda src, n: lazy.setdefault(src, _lazy(src, n))
+    stacks = lambda sd: {m.group(1): max(int(x.group(2)) for x in map(_LAYER.match, sd) if x and x.group(1) == m.group(1)) + 1
+                         for m in map(_LAYER.match, sd) if m}
+    def add(i, sl, keymaps, t):   # keymaps: name → {output key: its key}
+        views = {n: _Renamed(open_(sl.sources[n][0], n), km) for n, km in keymaps.items()}
+        pre = views.pop(sl.base) if sl.base is not None and plan.mergekit != 'slerp' else None
+        if plan.mergekit == 'slerp': views = {sl.base: views.pop(sl.base), **views}   # the base is slerp's t = 0 end
+        if plan.mergekit == 'passthrough': rule = lambda key, p, ts, v=sl.values, t=t: next(iter(ts.values())) * v(key, t[key])['scale']
+        else: rule = _rule_per_tensor(plan.method, sl.values, pre, views, runtime, t, plan.make_rule)
+        for key in next(iter(keymaps.values())):
+            shapes = {n: tuple(v.meta(key)[0]) for n, v in {**({'base': pre} if pre is not None else {}), **views}.items()}
+            if len(set(shapes.values())) > 1: raise IncompatibleModelsError(f"slices[{i}]: tensor {key!r} has shapes {shapes}: not one architecture")
+            if next(iter(views.values())).meta(key)[1].is_floating_point:
+                hp = sl.values(key, t[key])
+                if plan.make_rule is None and plan.mergekit != 'passthrough': plan.method.resolve(hp)
+            parts[key] = (rule, pre, views)
+    for i, sl in enumerate(plan.slices):
+        first, (src0, a0) = next(iter(sl.sources)), next(iter(sl.sources.values()))
+        sd0 = open_(src0, first)
+        if len(stacks(sd0)) != 1: raise FusionError(f"slices[{i}]: {src0} has {len(stacks(sd0)) or 'no'} stacks of layers; slices need exactly one")
+        for n, (src, a) in sl.sources.items():
+            have = next(iter(stacks(open_(src, n)).values()), 0)
+            if a + sl.n > have: raise FusionError(f"slices[{i}]: layer_range [{a}, {a + sl.n}) of {src}, which has {have} layers")
+        if i == 0:   # the embeddings, from the first slice's sources
+            keys = [k for k in sd0 if not _LAYER.match(k) and _is_pre(k)]
+            add(i, sl, {n: {k: k for k in keys} for n in sl.sources}, dict.fromkeys(keys, 0.0))
+        for j in range(sl.n):
+            tmpl = [k for k in sd0 if (m := _LAYER.match(k)) and int(m.group(2)) == a0 + j]
+            out = {layer_key(k, len(layers)): k for k in tmpl}
+            add(i, sl, {n: {o: layer_key(k, a + j) for o, k in out.items()} for n, (_, a) in sl.sources.items()},
+                dict.fromkeys(out, j / (sl.n - 1) if sl.n > 1 else 1.0))
+            layers.append((src0, a0 + j))
+    sl = plan.slices[-1]; sd0 = open_(*next((s, n) for n, (s, _) in sl.sources.items()))
+    keys = [k for k in sd0 if not _LAYER.match(k) and not _is_pre(k)]   # final norm and head, from the last slice's sources
+    add(len(plan.slices) - 1, sl, {n: {k: k for k in keys} for n in sl.sources}, dict.fromkeys(keys, 0.0))
+    return SlicedOutput(parts, out_dtype, layers)
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #f31409cb
 def hf_dtype(raw, w)->str|None:
@@ -320,6 +538,21 @@ def copy_model_files(src:Path, tok:Path, dst:Path, out_dtype:str|None)->list[str
         atomic_write_text(dst/'config.json', json.dumps(cfg, indent=2, sort_keys=True) + '\n')
     return copied
 
+# %% ../../nbs/reproduce/95_hf_merge.ipynb #206e1459
+_LAYER_COUNTS = ('num_hidden_layers', 'n_layer', 'num_layers')
+
+def set_layer_count(path:Path, # a copied config.json
+                    layers:list, # output layer → (its source, the source's layer)
+                   )->None:
+    "Write the output's layer count into config.json (and per-layer lists, e.g. `layer_types`, from each layer's source)."
+    cfg, n, old = json.loads(path.read_text()), len(layers), None
+    for k in _LAYER_COUNTS:
+        if k in cfg: old = cfg[k]; cfg[k] = n
+    for k, v in list(cfg.items()):   # per-layer settings: each output layer takes its source layer's
+        if isinstance(v, list) and k != 'architectures' and len(v) == old and old != n:
+            cfg[k] = [v[min(l, old - 1)] for _, l in layers]
+    atomic_write_text(path, json.dumps(cfg, indent=2, sort_keys=True) + '\n')
+
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #b82f3b31
 def _lazy(src:str, name:str)->LazyStateDict:
     sd = LazyStateDict(src, name=name)
@@ -330,8 +563,9 @@ def _lazy(src:str, name:str)->LazyStateDict:
 def open_models(plan:HFMergePlan)->tuple[LazyStateDict, AlignedModel|None, dict]:
     "(reference, aligned θ₀ or None, name → aligned expert), every tensor checked against the reference's."
     ref = _lazy(plan.ref, 'base_model' if plan.base_model else next(iter(plan.models)))
-    aligned = align_models(ref, {n: _lazy(s, n) for n, s in plan.models.items()}, plan.tokenizer_source)
-    pre = AlignedModel(ref, ref, list(ref), False) if plan.base_model else None
+    out = None if plan.out_dtype is None else get_dtype(plan.out_dtype)   # computed in float32, rounded once to it (as mergekit)
+    aligned = align_models(ref, {n: _lazy(s, n) for n, s in plan.models.items()}, plan.tokenizer_source, out)
+    pre = AlignedModel(ref, ref, list(ref), False, out) if plan.base_model else None
     return ref, pre, aligned
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #8692203b
@@ -358,12 +592,17 @@ def run_hf_merge(plan:HFMergePlan, # a checked plan (load_mergekit_config, or me
     "Merge as `plan` says into `out_dir`, shard by shard, with the base's config and tokenizer and a model card; atomically."
     from fusion_nb.reproduce.export import check_export_dir
     out_dir = check_export_dir(out_dir)
-    ref, pre, experts = open_models(plan)
-    t = check_values(plan, ref)
     device = get_device(plan.device) if plan.device != 'cpu' else None
     runtime = dict(progress=progress, check=False, device=device)
-    rule = _rule_per_tensor(plan.method, plan.values, pre, experts, runtime, t, plan.make_rule)
-    src = resolve_model_dir(plan.ref)
+    if plan.slices is not None:   # one lazy "model" whose tensors are the merged ones
+        ref = sliced_output(plan, runtime)
+        pre, experts, rule = None, {'merged': ref}, lambda key, p, ts: ts['merged']
+        src = resolve_model_dir(next(iter(plan.slices[0].sources.values()))[0])
+    else:
+        ref, pre, experts = open_models(plan)
+        t = check_values(plan, ref)
+        rule = _rule_per_tensor(plan.method, plan.values, pre, experts, runtime, t, plan.make_rule)
+        src = resolve_model_dir(plan.ref)
     tok = src if plan.tokenizer_source in (None, 'base') else resolve_model_dir(plan.tokenizer_source)
     try:
         with atomic_dir(out_dir) as tmp:
@@ -371,6 +610,7 @@ def run_hf_merge(plan:HFMergePlan, # a checked plan (load_mergekit_config, or me
                          plan.output['max_shard_size'], device, progress,
                          propagates_nonfinite=plan.method.propagates_nonfinite and plan.make_rule is None)
             copy_model_files(src, tok, tmp, plan.out_dtype)
+            if plan.slices is not None: set_layer_count(tmp/'config.json', ref.layers)
             atomic_write_text(tmp/'inputs.json', json.dumps(inputs or {'config': plan.raw}, indent=1, default=str))
             if plan.output['card']: hf_model_card(plan).save(tmp/'README.md')
             check_export_dir(out_dir, {p.name for p in tmp.iterdir()})

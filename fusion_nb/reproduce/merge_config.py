@@ -17,14 +17,15 @@ from ..core import FusionError, HyperparameterError, IncompatibleModelsError, ch
 from ..checkpoints import is_local_source, model_source, resolve_model_dir, vision_config, vision_state_dict
 from ..merge import MERGE_METHODS, MergeMethod
 from ..methods.registry import check_models
-from .hf_merge import HFMergePlan, load_mergekit_config, run_hf_merge, hf_dtype, hf_device, hf_output
+from .hf_merge import HFMergePlan, check_model_types, load_mergekit_config, run_hf_merge, hf_dtype, hf_device, hf_output
 from .export import EXPORT_KINDS, check_export_dir, check_push, check_repo_id, export_model, push_to_hub
 import fusion_nb
 
 # %% auto #0
 __all__ = ['ARCHITECTURE', 'NOT_ONE_MODEL', 'NOT_ONE_MODEL_METHODS', 'SET_BY_THE_COMMAND', 'LEARNS', 'CONFIG_KEYS', 'MODEL_KEYS',
            'OUTPUT_KEYS', 'OUTPUT_DEFAULTS', 'CLIP_TYPES', 'check_architectures', 'merge_hyperparameters',
-           'check_float32', 'MergeConfig', 'load_merge_config', 'merge_inputs', 'merge_data', 'hf_inputs', 'run_merge']
+           'check_float32', 'MergeConfig', 'read_documents', 'load_merge_config', 'merge_inputs', 'merge_data',
+           'hf_inputs', 'run_merge', 'stage_refs', 'stage_order', 'run_stages']
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #b7934c17
 ARCHITECTURE = ('hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads', 'patch_size', 'image_size',
@@ -146,19 +147,41 @@ class MergeConfig:
     raw:dict # the config as written
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #d7dc1282
-def _read_yaml(config)->tuple[dict, str]:
-    "(the config as a dict, the prefix naming it in messages)."
-    if isinstance(config, Mapping): return dict(config), ''
-    path = Path(config)
+class _UniqueKeys(yaml.SafeLoader):
+    "YAML's safe loader, refusing a key given twice in one mapping (PyYAML, and so mergekit, keeps the last silently)."
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for k, _ in node.value:
+            if k.tag == 'tag:yaml.org,2002:merge': return super().construct_mapping(node, deep)   # `<<:` may override
+            key = self.construct_object(k, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice (lines {seen[key]} and "
+                                                        f"{k.start_mark.line + 1}); keep one", k.start_mark)
+            seen[key] = k.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+def read_documents(path:Path)->list:
+    "The YAML documents of a config file (several: the stages of a multi-stage merge), keys given twice refused."
     if not path.is_file(): raise FusionError(f"merge config {str(path)!r} does not exist")
-    try: raw = yaml.safe_load(path.read_text(encoding='utf-8'))
+    try: docs = [d for d in yaml.load_all(path.read_text(encoding='utf-8'), Loader=_UniqueKeys) if d is not None]
     except yaml.YAMLError as e:   # one line: where, and what the parser expected
         mark = getattr(e, 'problem_mark', None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ''
         raise FusionError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
     except UnicodeDecodeError: raise FusionError(f"{path}: not UTF-8 text") from None
-    if not isinstance(raw, Mapping): raise FusionError(f"{path}: a merge config is a mapping of keys ({', '.join(CONFIG_KEYS)}), got {type(raw).__name__}")
-    return dict(raw), f"{path.name}: "
+    for d in docs:
+        if not isinstance(d, Mapping): raise FusionError(f"{path}: a merge config is a mapping of keys ({', '.join(CONFIG_KEYS)}), got {type(d).__name__}")
+    if not docs: raise FusionError(f"{path}: empty: a merge config is a mapping of keys ({', '.join(CONFIG_KEYS)})")
+    return [dict(d) for d in docs]
+
+def _read_yaml(config)->tuple[dict, str]:
+    "(the config as a dict, the prefix naming it in messages)."
+    if isinstance(config, Mapping): return dict(config), ''
+    path = Path(config)
+    docs = read_documents(path)
+    if len(docs) > 1: raise FusionError(f"{path}: {len(docs)} YAML documents, the stages of a multi-stage merge (mergekit-multi's "
+                                        "form): run them with `fusion-nb merge CONFIG OUT` (run_merge)")
+    return docs[0], f"{path.name}: "
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #2867cb63
 def _method(raw:dict, w:str)->MergeMethod:
@@ -184,7 +207,8 @@ def _output(raw:dict, w:str)->dict:
 def _models(raw:dict, m:MergeMethod, profile, w:str)->tuple[dict, dict]:
     "(expert name → source, expert name → its own parameters), checked."
     models = raw.get('models')
-    if not isinstance(models, list) or not models:
+    if isinstance(models, list) and not models: raise FusionError(f"{w}models: the list is empty: give the experts ({MODEL_KEYS['model']})")
+    if not isinstance(models, list):
         raise FusionError(f"{w}models: expected a list of experts ({MODEL_KEYS['model']}), got {models!r}")
     by_path = {v: t for t, v in profile.experts.items()} if profile is not None else {}
     sources, own = {}, {}
@@ -278,6 +302,7 @@ def _hf_plan(raw:dict, m:MergeMethod, base, models:dict, own:dict, w:str)->HFMer
     "This project's schema for any other model: the whole model merged tensor by tensor by `m`'s rule (`hf_merge`)."
     if m.rule is None: raise FusionError(f"{w}method: {m.name} is {m.kind}: it learns on CLIP tasks; other models "
                                          f"({_model_type(base or next(iter(models.values())))}) merge with training-free methods only")
+    check_model_types({**({'base_model': base} if base else {}), **{f"models[{i}] ({n})": s for i, (n, s) in enumerate(models.items())}}, w)
     hp = merge_hyperparameters(m, _mapping(raw.get('parameters'), f"{w}parameters"), own, None, w)
     return HFMergePlan(m, base, models, lambda key, t: hp, None, hf_dtype(raw, w), raw.get('tokenizer_source'),
                        hf_device(raw, w), hf_output(raw, w), raw)
@@ -337,12 +362,15 @@ def run_merge(config, # a YAML file, a dict, or a checked MergeConfig
               log=print, # where notes go
              )->Path:
     "Merge as `config` says and export the result with its model card and inputs.json; optionally push it to the Hub."
+    if isinstance(config, (str, Path)) and len(read_documents(Path(config))) > 1:   # a multi-stage file
+        return run_stages(Path(config), out_dir, repo_id=repo_id, device=device, progress=progress, log=log)
     cfg = config if isinstance(config, (MergeConfig, HFMergePlan)) else load_merge_config(config)
     if device is not None: cfg.device = str(get_device(device))
     repo_id, m = repo_id or cfg.output['push_to_hub'], cfg.method
     check_export_dir(out_dir)
     if repo_id: check_push(repo_id, out_dir)   # offline: say so now, not after the merge
     if isinstance(cfg, HFMergePlan):
+        for note in cfg.notes: log(note)
         run_hf_merge(cfg, out_dir, inputs=hf_inputs(cfg), progress=progress, log=log)
         log(f"{', '.join(cfg.models)} merged with {cfg.mergekit or m.label} → {out_dir}")
         if repo_id: log(f"pushed to the Hugging Face Hub: {push_to_hub(out_dir, repo_id, private=cfg.output['private'])}")
@@ -363,3 +391,66 @@ def run_merge(config, # a YAML file, a dict, or a checked MergeConfig
     log(f"{', '.join(cfg.models)} merged with {m.label} → {out_dir}")
     if repo_id: log(f"pushed to the Hugging Face Hub: {push_to_hub(out_dir, repo_id, private=cfg.output['private'])}")
     return Path(out_dir)
+
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #1340bb67
+_REF_KEYS = ('model', 'base_model', 'tokenizer_source')   # where a stage's name may stand for its output
+
+def stage_refs(doc, names:set)->set:
+    "The stage names `doc` reads as models."
+    if isinstance(doc, Mapping):
+        return set().union(*[{v} & names if k in _REF_KEYS and isinstance(v, str) else stage_refs(v, names) for k, v in doc.items()])
+    if isinstance(doc, list): return set().union(*[{v} & names if isinstance(v, str) else stage_refs(v, names) for v in doc])
+    return set()
+
+def _with_paths(doc, paths:Mapping[str, str]):
+    "`doc` with each stage name it reads as a model replaced by that stage's output folder."
+    if isinstance(doc, Mapping):
+        return {k: paths.get(v, v) if k in _REF_KEYS and isinstance(v, str) else _with_paths(v, paths) for k, v in doc.items()}
+    if isinstance(doc, list): return [paths.get(v, v) if isinstance(v, str) else _with_paths(v, paths) for v in doc]
+    return doc
+
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #4115bb1c
+def stage_order(docs:list, # the YAML documents
+                w:str='', # the file's name, for messages
+               )->tuple[list, str]:
+    "(the stages as (name, doc) in the order their references require, the final stage's name): names checked, cycles refused."
+    names = [d.get('name') for d in docs]
+    for i, n in enumerate(names):
+        if n is not None and not isinstance(n, str): raise FusionError(f"{w}document {i + 1}: name must be a text, got {n!r}")
+    dup = sorted({n for n in names if n is not None and names.count(n) > 1})
+    if dup: raise FusionError(f"{w}stage name(s) {', '.join(map(repr, dup))} given to more than one document: each stage needs its own")
+    if names.count(None) > 1: raise FusionError(f"{w}{names.count(None)} documents have no name: every stage but the final one needs a "
+                                                "name, by which later stages read its output")
+    refs = {n or '': stage_refs(d, set(names) - {None}) for n, d in zip(names, docs)}
+    used = set().union(*refs.values())
+    final = [n or '' for n in names if n is None or n not in used]
+    if len(final) != 1: raise FusionError(f"{w}stages {', '.join(map(repr, final))} are read by no other stage: which one is the "
+                                          "output? Leave only the final one without a name, or have it read the others")
+    order, todo = [], dict(zip([n or '' for n in names], docs))
+    while todo:
+        ready = [n for n in todo if refs[n] <= {o for o, _ in order}]
+        if not ready: raise FusionError(f"{w}stages {', '.join(map(repr, todo))} read each other's outputs in a circle")
+        order += [(n, todo.pop(n)) for n in ready]
+    return order, final[0]
+
+# %% ../../nbs/reproduce/94_merge_cli.ipynb #a189185c
+def run_stages(path:Path, # a file of several YAML documents
+               out_dir:str|Path, # the final stage's folder; the others go to OUT.intermediates/NAME
+               **kw, # run_merge's options (device, progress, log); push_to_hub applies to the final stage
+              )->Path:
+    "Run a multi-stage file as mergekit-multi does: each stage in turn, intermediates kept (and reused when their inputs match)."
+    log, w = kw.get('log', print), f"{path.name}: "
+    order, final = stage_order(read_documents(path), w)
+    out_dir = Path(out_dir); inter = out_dir.parent/f"{out_dir.name}.intermediates"
+    paths = {n: str((inter/n).absolute()) for n, _ in order if n != final}
+    for n, doc in order:
+        try: cfg = load_merge_config(_with_paths({k: v for k, v in doc.items() if k != 'name'}, paths))
+        except FusionError as e: raise type(e)(f"{w}stage {n or '(final)'!r}: {e}") from None
+        dest = out_dir if n == final else Path(paths[n])
+        done = dest/'inputs.json'
+        inputs = hf_inputs(cfg) if isinstance(cfg, HFMergePlan) else merge_inputs(cfg)
+        if n != final and done.is_file() and json.loads(done.read_text()).get('hash') == inputs['hash']:
+            log(f"stage {n!r}: {dest} holds it already (same inputs), not merged again"); continue
+        log(f"stage {n!r} → {dest}" if n else f"final stage → {dest}")
+        run_merge(cfg, dest, **({k: v for k, v in kw.items() if k != 'repo_id'} if n != final else kw))
+    return out_dir

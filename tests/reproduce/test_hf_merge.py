@@ -213,9 +213,10 @@ def _nothing_written(out:Path):
 
 @pytest.mark.parametrize('change, message', [
     (dict(merge_method='frankenmerge'), "unknown method 'frankenmerge'"),
-    (dict(merge_method='passthrough'), "'passthrough' is mergekit's, and this project lacks it"),
+    (dict(merge_method='passthrough'), "passthrough copies layers, so it needs slices: (sources with a layer_range)"),
     (dict(merge_method='nearswap'), "this project lacks it"),
-    (dict(slices=[{"sources": []}]), "slices (layer ranges, frankenmerges) are not supported"),
+    (dict(slices=[{"sources": []}]), "models and slices: give one of them"),
+    (dict(modules={'text': {}}), "modules: mergekit's modules (one set of slices per part of a multi-part model) are not supported"),
     (dict(parameters={'densty': 0.5}), "['densty'] not parameter(s) of mergekit's ties"),
     (dict(tokenizer_source='union'), "'union'"),
 ])

@@ -156,7 +156,7 @@ BAD = [  # (change to the good config, error type, message)
     ({'method': 'greedy_soup'}, FusionError, 'greedy_soup cannot be merged into one model: it selects with a Python evaluation function'),
     ({'dtype': 'int8'}, UnknownNameError, "bad.yaml: dtype: unknown dtype 'int8'"),
     ({'parameters': {'save_to': 'x.safetensors'}}, FusionError, "parameters: 'save_to' cannot be set in a config"),
-    ({'models': []}, FusionError, 'bad.yaml: models: expected a list of experts'),
+    ({'models': []}, FusionError, 'bad.yaml: models: the list is empty: give the experts'),
     ({'base_model': 'fusion-nb-tests/no-such-model'}, FusionError,
      "base_model: model 'fusion-nb-tests/no-such-model' is not in the local Hugging Face cache and the hub is offline"),
     ({'output': {'push_to_hub': 'someone/two words'}}, FusionError, "bad.yaml: output.push_to_hub: 'someone/two words' is not a hub repository id"),
@@ -166,10 +166,11 @@ BAD = [  # (change to the good config, error type, message)
     # issue 26.8: 1e39 is finite in Python but overflows float32 in the merge (a raw RuntimeError)
     ({'method': 'task_arithmetic', 'parameters': {'scaling_factor': 1e39}}, HyperparameterError,
      'bad.yaml: parameters: scaling_factor=1e+39 is out of range: merges compute in float32'),
-    # mergekit's schema: a method this project lacks, and slices, are named
-    ({'method': None, 'merge_method': 'passthrough'}, FusionError, "bad.yaml: merge_method: 'passthrough' is mergekit's, and this project lacks it"),
+    # mergekit's schema: a method this project lacks, passthrough without slices, slices beside models are named
+    ({'method': None, 'merge_method': 'nearswap'}, FusionError, "bad.yaml: merge_method: 'nearswap' is mergekit's, and this project lacks it"),
+    ({'method': None, 'merge_method': 'passthrough'}, FusionError, "bad.yaml: merge_method: passthrough copies layers, so it needs slices:"),
     ({'method': None, 'merge_method': 'ties', 'slices': [{'sources': [{'model': 'MNIST', 'layer_range': [0, 2]}]}]}, FusionError,
-     "bad.yaml: slices/modules: this project merges whole models tensor by tensor"),
+     "bad.yaml: models and slices: give one of them"),
 ]
 
 @pytest.mark.parametrize('change,error,message', BAD, ids=[m[:40] for _, _, m in BAD])
