@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from ..core import (FusionError, HyperparameterError, IncompatibleModelsError, NonFiniteError, atomic_dir, check_known_keys,
                             atomic_write_text, get_device, get_dtype)
 from ..checkpoints import LazyStateDict, model_source, resolve_model_dir
-from ..methods.registry import MergeMethod, all_finite, merge_streaming, read_tensor, write_merged
+from ..methods.registry import MergeMethod, all_finite, check_finite_hypers, merge_streaming, read_tensor, write_merged
 from ..merge import MERGE_METHODS
 from ..methods.breadcrumbs import gta_rule, magnitude_outliers
 from ..methods.linear_sparse import dare_sparsify, magprune_sparsify
@@ -576,9 +576,7 @@ def check_values(plan:HFMergePlan, ref:LazyStateDict)->dict[str, float]:
         if ref.dtype(k).is_floating_point:
             hp = plan.values(k, t[k])
             if plan.make_rule is None: plan.method.resolve(hp)
-            bad = [v for v in json.loads(json.dumps(hp, default=str)).values() for v in (v if isinstance(v, list) else [v])
-                   if isinstance(v, float) and not abs(v) <= torch.finfo(torch.float32).max]
-            if bad: raise HyperparameterError(f"tensor {k!r}: parameter value(s) {bad} are not finite in float32")
+            check_finite_hypers(hp, plan.method.hypers, f"tensor {k!r}: ", torch.finfo(torch.float32).max)   # names the parameter
     return t
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #7cb9e5e6
@@ -590,7 +588,7 @@ def run_hf_merge(plan:HFMergePlan, # a checked plan (load_mergekit_config, or me
                  log=print,
                 )->Path:
     "Merge as `plan` says into `out_dir`, shard by shard, with the base's config and tokenizer and a model card; atomically."
-    from fusion_nb.reproduce.export import check_export_dir
+    from fusion_nb.reproduce.export import check_export_dir, save_card
     out_dir = check_export_dir(out_dir)
     device = get_device(plan.device) if plan.device != 'cpu' else None
     runtime = dict(progress=progress, check=False, device=device)
@@ -612,7 +610,7 @@ def run_hf_merge(plan:HFMergePlan, # a checked plan (load_mergekit_config, or me
             copy_model_files(src, tok, tmp, plan.out_dtype)
             if plan.slices is not None: set_layer_count(tmp/'config.json', ref.layers)
             atomic_write_text(tmp/'inputs.json', json.dumps(inputs or {'config': plan.raw}, indent=1, default=str))
-            if plan.output['card']: hf_model_card(plan).save(tmp/'README.md')
+            save_card(hf_model_card(plan) if plan.output['card'] else None, tmp, out_dir, log)   # a card the user edited is kept
             check_export_dir(out_dir, {p.name for p in tmp.iterdir()})
     except KeyboardInterrupt:
         log(f"interrupted: nothing was written to {str(out_dir)!r} (the partial output was removed); a rerun starts clean")

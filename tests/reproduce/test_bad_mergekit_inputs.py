@@ -93,3 +93,17 @@ def test_empty_models_list(zoo, tmp_path, schema):
     cfg = _cfg(zoo) if schema == 'mergekit' else dict(method='task_arithmetic', base_model=str(zoo[0][0]))
     cfg['models'] = []
     _refused(cfg, tmp_path, match='models: the list is empty')
+
+def test_nan_lambda_names_the_parameter(zoo, tmp_path):
+    "issue 51 item 13, mergekit's ties: `lambda: .nan` said 'parameter value(s) [nan] are not finite' without naming it."
+    _refused(_cfg(zoo, 'ties', parameters={'lambda': float('nan')}), tmp_path, match=r"lambda.*nan|nan.*lambda|\(λ\)")
+
+def test_rerun_keeps_the_card_the_user_edited(zoo, tmp_path):
+    "issue 51 item 2, mergekit's schema: a rerun into an earlier export replaced the README.md the user had edited."
+    notes = []
+    out = run_merge(_cfg(zoo), tmp_path/'out', progress=False, log=notes.append)
+    edited = (out/'README.md').read_text() + '\nMy notes on this merge.\n'
+    (out/'README.md').write_text(edited)
+    run_merge(_cfg(zoo), tmp_path/'out', progress=False, log=notes.append)
+    assert (out/'README.md').read_text() == edited and (out/'README.fusion_nb.md').exists()
+    assert any('README' in n for n in notes), notes
