@@ -4,6 +4,7 @@
     python bench/diagnose_uq_merge.py pool --profile micro       # smoke: each model and each merge step of Algorithm 1
     python bench/diagnose_uq_merge.py pool --profile tiny        # a.  per model and per step: uncertainty, accuracies, ρ
     python bench/diagnose_uq_merge.py loo --profile tiny         # b.  merge of all vs merge without each model
+    python bench/diagnose_uq_merge.py noise --profile tiny       # b'. eq. 1's seed spread on those merges (paired)
     python bench/diagnose_uq_merge.py vectors --profile tiny     # c.  task vectors of the variants: norms, cosines
 
 Everything is measured as experiment 40 measures it: the zoo of `ZOO` (the profile's step/example overrides applied),
@@ -135,6 +136,28 @@ def loo(args):
                 rho_loo_uncertainty_held_out=rho(loo_.uncertainty, loo_.avg_held_out))
 
 
+def noise(args):
+    "b'. Eq. 1's run-to-run spread on the all-models merge and on the merges without a harmful model, seeds 0-3 (paired)."
+    from fusion_nb.llava.uq_merge import merge_llava
+    from fusion_nb.llava.model import load_llava
+    from fusion_nb.llava.uncertainty import held_in_uncertainty
+    P, root, manifest, models, held_in, held_out, J = setup(args.profile)
+    harmful = [n for n, v in manifest['variants'].items() if v.get('captions')]
+    tmp, rows = Path(tempfile.mkdtemp(prefix='uq-noise-')), []
+    try:
+        for left in [None, *harmful]:
+            d = merge_llava('linear', {n: p for n, p in models.items() if n != left}, tmp/f'{left or "all"}')
+            model, proc = load_llava(d, device=P.device)
+            rows += [{'left_out': left or '(none)', 'seed': s, 'uncertainty': held_in_uncertainty(model, proc, held_in, J=J, seed=s, batch_size=P.batch_size)['uncertainty']}
+                     for s in range(4)]
+            shutil.rmtree(d, ignore_errors=True)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    df = pd.DataFrame(rows).pivot(index='seed', columns='left_out', values='uncertainty')
+    diff = df[harmful].sub(df['(none)'], axis=0)   # without the model minus with it, same perturbation draws
+    return dict(table=df.round(5).to_dict(), sd_all=float(df['(none)'].std(ddof=1)), diff_mean=diff.mean().round(5).to_dict(),
+                diff_min=diff.min().round(5).to_dict(), diff_max=diff.max().round(5).to_dict())
+
+
 def vectors(args):
     "c. Task vectors τ = θ_variant − θ_base over adapter + language model: norms, cosines, share of the all-models mean."
     import torch
@@ -164,7 +187,7 @@ def vectors(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'vectors'])
+    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'noise', 'vectors'])
     ap.add_argument('--profile', default='tiny')
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
