@@ -1,0 +1,201 @@
+"""Why UQ-Merge keeps the whole tiny LLaVA pool (issue 48, item 1): the properties paper 004's claims need, measured.
+
+    python bench/diagnose_uq_merge.py paper                      # Spearman ρ from paper 004's own tables (no compute)
+    python bench/diagnose_uq_merge.py pool --profile micro       # smoke: each model and each merge step of Algorithm 1
+    python bench/diagnose_uq_merge.py pool --profile tiny        # a.  per model and per step: uncertainty, accuracies, ρ
+    python bench/diagnose_uq_merge.py loo --profile tiny         # b.  merge of all vs merge without each model
+    python bench/diagnose_uq_merge.py noise --profile tiny       # b'. eq. 1's seed spread on those merges (paired)
+    python bench/diagnose_uq_merge.py vectors --profile tiny     # c.  task vectors of the variants: norms, cosines
+
+Everything is measured as experiment 40 measures it: the zoo of `ZOO` (the profile's step/example overrides applied),
+`zoo_benchmark` with the profile's question counts and seed, eq. 1 with J = the profile's `llava_passes` (default
+`DEFAULT_J`), each input model's uncertainty the mean of 3 repeats and each merge's one run (App. A.1), Linear merging
+(paper 004's Merge(·)). Held-in accuracy: the clean answer letters of the uncertainty questions; held-out accuracy:
+exact match of the short answers (never used for selection). Results go to outputs/diagnose_uq_merge/<profile>/*.json;
+the baseline of every difference is measured in the same run (the all-models merge for `loo`, the base for `vectors`).
+Nothing here changes the construction, the zoo or any method.
+
+In a worktree whose data/ is a symlink into another checkout, set FUSION_NB_PINS=$PWD/pins: the pin store is only
+consulted for folders under the store's own checkout's data/, so without it the zoo is trained, not restored.
+"""
+from __future__ import annotations
+import argparse, json, shutil, sys, tempfile, time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.stats import spearmanr
+
+REPO = Path(__file__).resolve().parent.parent
+
+# paper 004, Table 4 (merge steps 1-10 of Algorithm 1, descending order; text copy in /work/shared/papers/004_*.txt)
+PAPER_T4 = dict(uncertainty=[0.21197, 0.13290, 0.05609, 0.04866, 0.04531, 0.04155, 0.03950, 0.03954, 0.03740, 0.0367],
+                validation=[18.75, 18.48, 36.32, 37.30, 38.84, 39.20, 39.91, 39.15, 39.28, 39.60],
+                held_out=[47.09, 51.22, 52.47, 54.15, 54.13, 54.54, 56.01, 55.56, 54.15, 54.14])
+# paper 004, Table 7 (first block): each fine-tune's average uncertainty over the five held-in sets
+PAPER_T7 = {'OKVQA': 0.1305, 'OCRVQA': 0.0544, 'GQA': 0.2141, 'VQAv2': 0.0323, 'TextCaps': 0.0072, 'A_OKVQA': 0.1077,
+            'RefCOCO': 0.0273, 'LLaVA-Instruct': 0.0713, 'ShareGPT': 0.0318, 'VG': 0.0378}
+
+
+def rho(x, y)->float:
+    "Spearman rank correlation (NaN when either side is constant)."
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    return float('nan') if len(set(x)) < 2 or len(set(y)) < 2 else float(spearmanr(x, y).statistic)
+
+
+def paper(args):
+    "Spearman ρ on paper 004's Table 4, and its pool's uncertainty spread (Table 7)."
+    t = PAPER_T4; u = t['uncertainty']
+    best = int(np.argmin(u)) + 1
+    out = dict(rho_steps_uncertainty_validation=rho(u, t['validation']), rho_steps_uncertainty_held_out=rho(u, t['held_out']),
+               rho_steps_uncertainty_held_out_from_step3=rho(u[2:], t['held_out'][2:]),
+               argmin_uncertainty_step=best, reported_step=7, held_out_step7=t['held_out'][6], held_out_step10=t['held_out'][9],
+               held_out_gain_step7_vs_all=t['held_out'][6] - t['held_out'][9],
+               held_out_change_at_steps_8_9_10=[round(t['held_out'][k] - t['held_out'][k - 1], 2) for k in (7, 8, 9)],
+               pool_uncertainty_max_over_min=max(PAPER_T7.values()) / min(PAPER_T7.values()),
+               pool_order_descending=sorted(PAPER_T7, key=PAPER_T7.get, reverse=True))
+    return out
+
+
+def setup(profile:str):
+    "Profile, zoo (built or restored), held-in / held-out sets and J, as experiment 40 sets them up."
+    from fusion_nb.reproduce.profiles import load_profile
+    from fusion_nb.llava.zoo import ZOO, llava_zoo, zoo_benchmark
+    from fusion_nb.llava.uncertainty import DEFAULT_J
+    P = load_profile(profile)
+    recipe = dict(ZOO)
+    if s := P.extra.get('llava_zoo_steps'): recipe.update(zip(['pretrain_steps', 'general_steps', 'tune_steps'], map(int, str(s).split())))
+    if e := P.extra.get('llava_zoo_examples'): recipe.update(zip(['n_captions', 'n_general', 'n_train'], map(int, str(e).split())))
+    root, manifest = llava_zoo(REPO/'data'/P.build/'llava', recipe, progress=False)
+    held_in, held_out = zoo_benchmark(int(P.extra.get('llava_n_held_in', 16)), int(P.extra.get('llava_n_held_out', 16)), seed=P.seed)
+    models = {n: root/v['path'] for n, v in manifest['variants'].items()}
+    return P, root, manifest, models, held_in, held_out, int(P.extra.get('llava_passes', DEFAULT_J))
+
+
+def evaluator(P, held_in, held_out):
+    "Experiment 40's `evaluate`: accuracy (%) per held-in and held-out set, and the two averages."
+    from fusion_nb.llava.uncertainty import answer_accuracy
+    from fusion_nb.llava.short_answers import exact_match
+    def evaluate(model, proc):
+        r = {d: 100 * answer_accuracy(model, proc, its, batch_size=P.batch_size) for d, its in held_in.items()}
+        r |= {d: 100 * exact_match(model, proc, its, batch_size=P.batch_size) for d, its in held_out.items()}
+        return r | {'avg_held_in': float(np.mean([r[d] for d in held_in])), 'avg_held_out': float(np.mean([r[d] for d in held_out]))}
+    return evaluate
+
+
+def measure(P, source, held_in, held_out, J, repeats=1):
+    "Eq. 1 UQ̄ (mean of `repeats` runs) and both accuracies of one LLaVA directory."
+    from fusion_nb.llava.model import load_llava
+    from fusion_nb.llava.uncertainty import held_in_uncertainty
+    model, proc = load_llava(source, device=P.device)
+    u = held_in_uncertainty(model, proc, held_in, J=J, seed=P.seed, repeats=repeats, batch_size=P.batch_size)
+    return {'uncertainty': u['uncertainty'], **evaluator(P, held_in, held_out)(model, proc)}
+
+
+def pool(args):
+    "a. Algorithm 1 as experiment 40 runs it: each model and each step, with ρ(uncertainty, accuracy)."
+    from fusion_nb.llava.uq_merge import uq_merge
+    P, root, manifest, models, held_in, held_out, J = setup(args.profile)
+    tmp = Path(tempfile.mkdtemp(prefix='uq-diag-'))
+    try: res = uq_merge(models, held_in, tmp, J=J, seed=P.seed, device=P.device, evaluate=evaluator(P, held_in, held_out), repeats=3)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    base = measure(P, root/'base', held_in, held_out, J, repeats=3)
+    s, st = res.models, res.steps
+    harmful = [n for n, v in manifest['variants'].items() if v.get('captions') or v.get('keep_class') is not None or v.get('permute') is not None]
+    cols = ['uncertainty', 'avg_held_in', 'avg_held_out']
+    out = dict(zoo=root.name, J=J, harmful=harmful, base={k: base[k] for k in cols},
+               models=s[['model', *cols]].to_dict('records'), steps=st[['step', 'added', *cols, 'selected']].to_dict('records'),
+               rho_models_held_in=rho(s.uncertainty, s.avg_held_in), rho_models_held_out=rho(s.uncertainty, s.avg_held_out),
+               rho_steps_held_in=rho(st.uncertainty, st.avg_held_in), rho_steps_held_out=rho(st.uncertainty, st.avg_held_out),
+               rho_steps_held_out_from_step3=rho(st.uncertainty[2:], st.avg_held_out[2:]),
+               steps_uncertainty_monotone_down=bool((np.diff(st.uncertainty) < 0).all()),
+               selected_step=int(st[st.selected].step.iloc[0]), best_held_out_step=int(st.avg_held_out.idxmax() + 1))
+    return out
+
+
+def loo(args):
+    "b. The merge of all models against the merge without each one (Linear, as Algorithm 1's Merge)."
+    from fusion_nb.llava.uq_merge import merge_llava
+    P, root, manifest, models, held_in, held_out, J = setup(args.profile)
+    tmp = Path(tempfile.mkdtemp(prefix='uq-loo-'))
+    rows = []
+    try:
+        for left in [None, *models]:
+            keep = {n: p for n, p in models.items() if n != left}
+            d = merge_llava('linear', keep, tmp/f'{left or "all"}')
+            rows.append({'left_out': left or '(none)', **measure(P, d, held_in, held_out, J)}); shutil.rmtree(d, ignore_errors=True)
+            print(rows[-1]['left_out'], {k: round(v, 4) for k, v in rows[-1].items() if k in ('uncertainty', 'avg_held_in', 'avg_held_out')}, flush=True)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    df = pd.DataFrame(rows); allr = df.iloc[0]
+    for c in ['uncertainty', 'avg_held_in', 'avg_held_out']: df[f'd_{c}'] = df[c] - allr[c]   # without the model minus with it
+    cols = ['left_out', 'uncertainty', 'avg_held_in', 'avg_held_out', 'd_uncertainty', 'd_avg_held_in', 'd_avg_held_out']
+    loo_ = df.iloc[1:]
+    return dict(rows=df[cols].to_dict('records'), hurting_held_out=loo_[loo_.d_avg_held_out > 0].left_out.tolist(),
+                hurting_held_in=loo_[loo_.d_avg_held_in > 0].left_out.tolist(),
+                removal_lowers_uncertainty=loo_[loo_.d_uncertainty < 0].left_out.tolist(),
+                rho_loo_uncertainty_held_out=rho(loo_.uncertainty, loo_.avg_held_out))
+
+
+def noise(args):
+    "b'. Eq. 1's run-to-run spread on the all-models merge and on the merges without a harmful model, seeds 0-3 (paired)."
+    from fusion_nb.llava.uq_merge import merge_llava
+    from fusion_nb.llava.model import load_llava
+    from fusion_nb.llava.uncertainty import held_in_uncertainty
+    P, root, manifest, models, held_in, held_out, J = setup(args.profile)
+    harmful = [n for n, v in manifest['variants'].items() if v.get('captions')]
+    tmp, rows = Path(tempfile.mkdtemp(prefix='uq-noise-')), []
+    try:
+        for left in [None, *harmful]:
+            d = merge_llava('linear', {n: p for n, p in models.items() if n != left}, tmp/f'{left or "all"}')
+            model, proc = load_llava(d, device=P.device)
+            rows += [{'left_out': left or '(none)', 'seed': s, 'uncertainty': held_in_uncertainty(model, proc, held_in, J=J, seed=s, batch_size=P.batch_size)['uncertainty']}
+                     for s in range(4)]
+            shutil.rmtree(d, ignore_errors=True)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    df = pd.DataFrame(rows).pivot(index='seed', columns='left_out', values='uncertainty')
+    diff = df[harmful].sub(df['(none)'], axis=0)   # without the model minus with it, same perturbation draws
+    return dict(table=df.round(5).to_dict(), sd_all=float(df['(none)'].std(ddof=1)), diff_mean=diff.mean().round(5).to_dict(),
+                diff_min=diff.min().round(5).to_dict(), diff_max=diff.max().round(5).to_dict())
+
+
+def vectors(args):
+    "c. Task vectors τ = θ_variant − θ_base over adapter + language model: norms, cosines, share of the all-models mean."
+    import torch
+    from fusion_nb.llava.model import load_llava, llava_part
+    P, root, manifest, models, *_ = setup(args.profile)
+    def flat(src):
+        m, _ = load_llava(src)
+        return torch.cat([t.detach().flatten().double() for k, t in m.state_dict().items() if llava_part(k) != 'vision'])
+    b = flat(root/'base'); taus = {n: flat(p) - b for n, p in models.items()}
+    names = list(taus); T = torch.stack([taus[n] for n in names])
+    norms = T.norm(dim=1); cos = (T @ T.T) / (norms[:, None] * norms[None, :])
+    mean_tau = T.mean(0)
+    harmful = [n for n, v in manifest['variants'].items() if v.get('captions')]
+    clean = [n for n in names if n not in harmful]
+    ic = [names.index(n) for n in clean]
+    per = {n: dict(norm=float(norms[i]), norm_over_base=float(norms[i] / b.norm()),
+                   mean_cos_clean=float(np.mean([float(cos[i, j]) for j in ic if j != i])),
+                   cos_with_mean=float(torch.dot(T[i], mean_tau) / (norms[i] * mean_tau.norm())),
+                   recipe={k: manifest['variants'][n].get(k) for k in ('tasks', 'captions', 'steps', 'lr', 'first_loss', 'last_loss')})
+           for i, n in enumerate(names)}
+    clean_mean = T[ic].mean(0)   # what the merge moves by without the harmful variants
+    return dict(base_norm=float(b.norm()), per_model=per, cos=pd.DataFrame(cos.numpy(), names, names).round(3).to_dict(),
+                mean_tau_norm=float(mean_tau.norm()), clean_mean_tau_norm=float(clean_mean.norm()),
+                all_vs_clean_merge_distance_over_clean_tau=float((mean_tau - clean_mean).norm() / clean_mean.norm()),
+                merge_shift_over_base=float(mean_tau.norm() / b.norm()))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'noise', 'vectors'])
+    ap.add_argument('--profile', default='tiny')
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    out = globals()[a.what](a)
+    out['seconds'] = round(time.perf_counter() - t0, 1)
+    d = REPO/'outputs'/'diagnose_uq_merge'/a.profile; d.mkdir(parents=True, exist_ok=True)
+    (d/f'{a.what}.json').write_text(json.dumps(out, indent=2, default=str))
+    print(json.dumps(out, indent=1, default=str)[:6000])
+
+
+if __name__ == '__main__': main()
