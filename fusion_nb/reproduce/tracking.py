@@ -16,8 +16,8 @@ from .fingerprints import json_digest
 import fusion_nb
 
 # %% auto #0
-__all__ = ['TRACK_ENV', 'STORE_FILE', 'ARTIFACTS_DIR', 'PARAM_CHARS', 'MERGE_EXPERIMENT', 'tracking_enabled', 'store_uri',
-           'metric_name', 'verdict_value', 'table_metrics', 'flat_params', 'experiment_params', 'Store',
+__all__ = ['TRACK_ENV', 'STORE_FILE', 'ARTIFACTS_DIR', 'PARAM_CHARS', 'EXPERIMENT_TAGS', 'MERGE_EXPERIMENT', 'tracking_enabled',
+           'store_uri', 'metric_name', 'verdict_value', 'table_metrics', 'flat_params', 'experiment_params', 'Store',
            'injected_parameters', 'experiment_run', 'finished_since', 'git_commit', 'ui_command', 'record_invocation',
            'tracked', 'peak_memory', 'merge_run', 'tracked_merge']
 
@@ -101,7 +101,9 @@ def experiment_params(inputs:Mapping, # an experiment's inputs.json
     return {**flat_params(inputs.get('parameters') or {}, 'param.'), **flat_params(inputs.get('profile') or {}, 'profile.'),
             **flat_params(digests, 'inputs.')}
 
-# %% ../../nbs/reproduce/89_tracking.ipynb #dc13d088
+# %% ../../nbs/reproduce/89_tracking.ipynb #7c77421a
+EXPERIMENT_TAGS = {'mlflow.experimentKind': 'custom_model_development'}   # MLflow 3's UI then opens on the runs, not on traces
+
 class Store:
     "An MLflow tracking store at `uri`: experiments found or created by name, runs written whole."
     def __init__(self, uri:str, # `store_uri`
@@ -120,7 +122,7 @@ class Store:
         "The id of MLflow experiment `name`, created when missing."
         if (e := self.client.get_experiment_by_name(name)) is not None: return e.experiment_id
         where = (Path(self.artifacts)/metric_name(name)).resolve().as_uri() if self.artifacts else None
-        try: return self.client.create_experiment(name, artifact_location=where)
+        try: return self.client.create_experiment(name, artifact_location=where, tags=EXPERIMENT_TAGS)
         except Exception:   # another process created it in between
             if (e := self.client.get_experiment_by_name(name)) is not None: return e.experiment_id
             raise

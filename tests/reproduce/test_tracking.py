@@ -1,7 +1,7 @@
 """MLflow tracking (fusion_nb.reproduce.tracking) on a scratch project with toy notebooks: what `reproduce`, `sweep` and
 `merge` record, nothing new for what was skipped, FAILED for what failed, --no-track, an unreachable server, two writers at
 once, and the store read back as a user would — through `mlflow server`'s REST API and in a headless browser."""
-import json, os, shutil, socket, sqlite3, subprocess, sys, time, urllib.request
+import json, os, shutil, signal, socket, sqlite3, subprocess, sys, time, urllib.request
 from pathlib import Path
 
 import pytest
@@ -174,7 +174,9 @@ def server(proj, first):
     "`mlflow server` on the scratch project's store, on 127.0.0.1 and a free port, as a user starts it."
     port = free_port()
     p = subprocess.Popen([sys.executable, '-m', 'mlflow', 'server', '--backend-store-uri', store(proj), '--host', '127.0.0.1',
-                          '--port', str(port), '--workers', '1'], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                          '--port', str(port), '--workers', '1'], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True,   # its workers in its process group, stopped with it
+                         env={**os.environ, 'MLFLOW_SERVER_ENABLE_JOB_EXECUTION': 'false'})   # no job runner (GenAI jobs): starts in half the time
     url = f'http://127.0.0.1:{port}'
     for _ in range(240):
         try: urllib.request.urlopen(f'{url}/health', timeout=1); break
@@ -182,7 +184,9 @@ def server(proj, first):
             assert p.poll() is None, p.stderr.read()
             time.sleep(0.5)
     yield url
-    p.terminate(); p.wait(30)
+    os.killpg(p.pid, signal.SIGTERM)
+    try: p.wait(20)
+    except subprocess.TimeoutExpired: os.killpg(p.pid, signal.SIGKILL); p.wait()
 
 def api(url, path, body):
     req = urllib.request.Request(f'{url}/api/2.0/mlflow/{path}', json.dumps(body).encode(), {'Content-Type': 'application/json'})
@@ -199,7 +203,7 @@ CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser') or shuti
 @pytest.mark.skipif(CHROMIUM is None, reason='no chromium to open the MLflow UI with (Debian: apt-get install -y chromium)')
 def test_a_browser_shows_the_runs_in_the_mlflow_ui(proj, server, tmp_path):
     eid = MlflowClient(store(proj)).get_experiment_by_name('demo').experiment_id
-    page = f'{server}/#/experiments/{eid}'
+    page = f'{server}/#/experiments/{eid}/runs'
     flags = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--virtual-time-budget=30000',
              f'--user-data-dir={tmp_path/"profile"}', '--window-size=1600,900']
     dom = subprocess.run([CHROMIUM, *flags, '--dump-dom', page], capture_output=True, text=True, timeout=180).stdout
