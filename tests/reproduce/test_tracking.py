@@ -1,7 +1,7 @@
 """MLflow tracking (fusion_nb.reproduce.tracking) on a scratch project with toy notebooks: what `reproduce`, `sweep` and
 `merge` record, nothing new for what was skipped, FAILED for what failed, --no-track, an unreachable server, two writers at
 once, and the store read back as a user would — through `mlflow server`'s REST API and in a headless browser."""
-import json, os, shutil, signal, socket, sqlite3, subprocess, sys, time, urllib.request
+import json, os, re, shutil, signal, socket, sqlite3, subprocess, sys, time, urllib.request
 from pathlib import Path
 
 import pytest
@@ -202,12 +202,15 @@ CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser') or shuti
 
 @pytest.mark.skipif(CHROMIUM is None, reason='no chromium to open the MLflow UI with (Debian: apt-get install -y chromium)')
 def test_a_browser_shows_the_runs_in_the_mlflow_ui(proj, server, tmp_path):
-    eid = MlflowClient(store(proj)).get_experiment_by_name('demo').experiment_id
-    page = f'{server}/#/experiments/{eid}/runs'
+    c = MlflowClient(store(proj))
+    eid = c.get_experiment_by_name('demo').experiment_id
+    run, = [r for r in c.search_runs([eid], "attributes.run_name = '00_table'") if r.info.status == 'FINISHED'][:1]
     flags = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--virtual-time-budget=30000',
              f'--user-data-dir={tmp_path/"profile"}', '--window-size=1600,900']
+    page = f'{server}/#/experiments/{eid}/runs/{run.info.run_id}'   # the run's page: its parameters and metrics
     dom = subprocess.run([CHROMIUM, *flags, '--dump-dom', page], capture_output=True, text=True, timeout=180).stdout
-    assert 'reproduce demo' in dom and '00_table' in dom, dom[-2000:]   # the parent run and a nested run, by name
+    assert '00_table' in dom and 'table/Task Arithmetic/MNIST' in dom and re.search(r'>\s*78(\.0)?\s*<', dom), dom[-2000:]
+    page = f'{server}/#/experiments/{eid}/runs'   # the runs side by side, for the docs
     shot = Path(os.environ.get('FUSION_NB_UI_SHOT') or tmp_path/'mlflow.png')
     subprocess.run([CHROMIUM, *flags, f'--screenshot={shot}', page], capture_output=True, timeout=180)
     assert shot.stat().st_size > 10_000
