@@ -4,8 +4,9 @@ a table of 8 methods × 8 tasks, a findings table with verdicts, tidy records an
 
     python bench/tracking_overhead.py [--experiments 4] [--repeats 2]
 
-Prints the seconds of each command, the overhead per command and per experiment, and the tracked over untracked ratio."""
-import argparse, os, statistics, subprocess, sys, tempfile, time
+Prints the wall and CPU seconds of each command (CPU: the command and its kernels, which the machine's load hardly moves),
+the overhead per command and per experiment, and the tracked over untracked ratio."""
+import argparse, os, resource, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
 import nbformat
@@ -46,14 +47,18 @@ def project(root:Path, n:int)->Path:
     from conftest import scratch_sources   # the empty models and small datasets a scratch profile names
     return scratch_sources(root)
 
-def command(root:Path, track:bool)->float:
+def _cpu()->float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN); return r.ru_utime + r.ru_stime
+
+def command(root:Path, track:bool)->tuple[float, float]:
+    "(wall seconds, CPU seconds of the command and its kernels): CPU time hardly moves with the machine's load, wall time does."
     env = {**os.environ, 'FUSION_NB_ROOT': str(root), 'FUSION_NB_JOBS': '1'}
     env.pop('MLFLOW_TRACKING_URI', None); env.pop('FUSION_NB_TRACK', None)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), _cpu()
     r = subprocess.run([sys.executable, '-m', 'fusion_nb.reproduce.cli', 'reproduce', '--profile', 'bench', '--force', '--no-progress',
                         *([] if track else ['--no-track'])], env=env, capture_output=True, text=True)
     if r.returncode: raise SystemExit(r.stderr)
-    return time.perf_counter() - t
+    return time.perf_counter() - t, _cpu() - c
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(); ap.add_argument('--experiments', type=int, default=4); ap.add_argument('--repeats', type=int, default=2)
@@ -64,8 +69,8 @@ if __name__ == '__main__':
         times = {True: [], False: []}
         for _ in range(a.repeats):
             for track in (False, True): times[track].append(command(root, track))
-        on, off = statistics.median(times[True]), statistics.median(times[False])
         print(f"{a.experiments} toy experiments per command, {a.repeats} command(s) each way, alternated; load average {os.getloadavg()[0]:.1f}")
-        print(f"--no-track: {' '.join(f'{t:.1f}' for t in times[False])} s (median {off:.1f})")
-        print(f"tracked:    {' '.join(f'{t:.1f}' for t in times[True])} s (median {on:.1f})")
-        print(f"overhead: {on - off:.1f} s per command, {(on - off) / a.experiments:.2f} s per experiment; tracked / untracked = {on / off:.2f}")
+        for i, what in enumerate(('wall', 'CPU')):
+            on, off = (statistics.median(t[i] for t in times[k]) for k in (True, False))
+            print(f"{what}: --no-track {' '.join(f'{t[i]:.1f}' for t in times[False])} s, tracked {' '.join(f'{t[i]:.1f}' for t in times[True])} s; "
+                  f"overhead {on - off:.1f} s per command, {(on - off) / a.experiments:.2f} s per experiment; tracked / untracked = {on / off:.2f}")
