@@ -5,7 +5,11 @@ a table of 8 methods × 8 tasks, a findings table with verdicts, tidy records an
     python bench/tracking_overhead.py [--experiments 4] [--repeats 2]
 
 Prints the wall and CPU seconds of each command (CPU: the command and its kernels, which the machine's load hardly moves),
-the overhead per command and per experiment, and the tracked over untracked ratio."""
+the overhead per command and per experiment, and the tracked over untracked ratio.
+
+Measured 2026-12-02 (mlflow 3.17.2, 2 cores shared, load average 7.5, 4 experiments, store already created): CPU 21.8 s
+untracked → 27.7 s tracked (+6.0 s per command, 1.5 s per experiment, ×1.27); wall 58.6 → 84.0 s (+25.4 s, the load's).
+Most of it is per command (importing mlflow, opening the store), not per experiment."""
 import argparse, os, resource, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
