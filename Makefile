@@ -34,7 +34,7 @@ pins: setup
 test: setup
 	bash .ci/check_clean.sh
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 FUSION_NB_JOBS=1 $(BIN)/pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 tests
-	HF_HUB_OFFLINE=1 $(BIN)/nbdev-test --n-workers 2
+	HF_HUB_OFFLINE=1 FUSION_NB_TRACK=0 $(BIN)/nbdev-test --n-workers 2   # examples that merge are not tracked (as tests/conftest.py)
 
 # The same tests as another CPU computes them: torch's kernels capped below this CPU's (AVX-512 → AVX2, else the portable
 # ones; .ci/other_cpu.py). Training here then rounds differently from the machine that trained pins/, so a test that

@@ -9,6 +9,7 @@ from pathlib import Path
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
+os.environ.setdefault('FUSION_NB_TRACK', '0')   # the runs tests make are not tracked (tests/reproduce/test_tracking.py turns it on)
 
 import numpy as np
 import pytest

@@ -25,6 +25,8 @@ def _add_backend_options(p:argparse.ArgumentParser)->None:
     p.add_argument('-j', '--jobs', type=int, default=None, metavar='N',
                    help="local backend: experiments at a time (default: the cores over the profile's cpus_per_experiment, "
                         "one torch thread each; on a GPU one); --jobs 1 runs one after the other")
+    p.add_argument('--no-track', action='store_true', help='record nothing in MLflow (default: a run per command and per experiment '
+                   'in outputs/mlruns.db, or in $MLFLOW_TRACKING_URI; fusion_nb.reproduce.tracking)')
     p.add_argument('--address', default=None, help='the Ray cluster to join (--backend ray; default: a local instance, or $RAY_ADDRESS); '
                         'an address that does not answer fails within 10 s, one that is no Ray cluster within 60 s')
 
@@ -47,7 +49,8 @@ def _sweep_main(a)->int:
         if not values: raise FusionError(f"-p {name}: give the parameter's values after its name (-p {name} V1 V2 ...)")
         if name in grid: raise FusionError(f"-p {name} is given twice; list all its values after one -p")
         grid[name] = values
-    status = sweep(a.notebook, grid, a.profile, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address, jobs=a.jobs)
+    status = sweep(a.notebook, grid, a.profile, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address, jobs=a.jobs,
+                   track=False if a.no_track else None)
     failed = [p for p, s in status.items() if s == 'failed']
     if failed:
         print(f"fusion-nb: {len(failed)} sweep point(s) failed: {', '.join(failed)} (their <point>.failed.ipynb beside the "
@@ -104,6 +107,7 @@ def _parser()->argparse.ArgumentParser:
     g.add_argument('--push-to-hub', metavar='OWNER/NAME', default=None, help='upload the folder to this hub repository afterwards')
     g.add_argument('--device', default=None, help="where merging computes (cpu, cuda, auto), overriding the config's device")
     g.add_argument('--no-progress', action='store_true', help='no progress bars')
+    g.add_argument('--no-track', action='store_true', help='record nothing in MLflow (default: a run per merge; see reproduce --help)')
     return ap
 
 # %% ../../nbs/reproduce/99_cli.ipynb #6e6587b6
@@ -128,9 +132,11 @@ def main(argv:Sequence[str]|None=None)->int:
         if a.cmd == 'list': _list(); return 0
         if a.cmd == 'merge':
             from fusion_nb.reproduce.merge_config import run_merge   # the merge methods load only for this command
-            run_merge(a.config, _merge_output(a), repo_id=a.push_to_hub, device=a.device, progress=not a.no_progress); return 0
+            run_merge(a.config, _merge_output(a), repo_id=a.push_to_hub, device=a.device, progress=not a.no_progress,
+                      track=False if a.no_track else None); return 0
         if a.cmd == 'sweep': return _sweep_main(a)
-        status = reproduce(a.profile, a.only, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address, jobs=a.jobs)
+        status = reproduce(a.profile, a.only, a.force, a.output_root, progress=not a.no_progress, backend=a.backend, address=a.address, jobs=a.jobs,
+                           track=False if a.no_track else None)
     except FusionError as e:
         print(f"fusion-nb: error: {e}", file=sys.stderr); return 2
     except KeyboardInterrupt:

@@ -19,6 +19,7 @@ from ..merge import MERGE_METHODS, MergeMethod
 from ..methods.registry import check_models
 from .hf_merge import HFMergePlan, check_model_types, load_mergekit_config, run_hf_merge, hf_dtype, hf_device, hf_output
 from .export import EXPORT_KINDS, check_export_dir, check_push, check_repo_id, export_model, push_to_hub
+from .tracking import tracked_merge
 import fusion_nb
 
 # %% auto #0
@@ -353,6 +354,7 @@ def hf_inputs(plan:HFMergePlan)->dict:
     return json.loads(json.dumps(d, default=str))
 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #03ac4fde
+@tracked_merge   # MLflow: each merge on record
 def run_merge(config, # a YAML file, a dict, or a checked MergeConfig
               out_dir:str|Path, # the folder to write (new, empty, or an earlier export)
               *,

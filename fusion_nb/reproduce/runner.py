@@ -17,6 +17,7 @@ from .profiles import (SWEEPS, Profile, experiments_dir, list_experiments, load_
 from .fingerprints import (data_fingerprint, experiment_inputs, experiment_parameters, hash_cache, notebook_parameters,
                                               read_notebook, with_hash)
 from .reports import write_report
+from .tracking import tracked
 import fusion_nb
 
 # %% auto #0
@@ -491,6 +492,7 @@ def prepare_logged(profile:Profile, # the profile about to run
     return profile
 
 # %% ../../nbs/reproduce/92_runner.ipynb #e1dd9e29
+@tracked('reproduce')   # MLflow: a parent run, a nested run per experiment that ran (fusion_nb.reproduce.tracking)
 def reproduce(profile:str|None=None, # profile name (default: tiny)
               only:Sequence[str]|None=None, # experiment names (default: all), see `select_experiments`
               force:bool=False, # rerun up-to-date experiments
@@ -587,6 +589,7 @@ def merge_sweep(sweep_dir:str|Path, # outputs/sweeps/<profile>/<experiment>
     return out
 
 # %% ../../nbs/reproduce/92_runner.ipynb #f66a9c7b
+@tracked('sweep')   # MLflow: a parent run, a nested run per point that ran
 def sweep(notebook:str, # the experiment: name, unique prefix or notebook path
           grid:Mapping[str, Sequence], # parameter → values (see `sweep_points`)
           profile:str|None=None, # profile name (default: tiny)
