@@ -186,10 +186,10 @@ def test_paper_profile_offline_fails_at_once(tmp_path):
                        capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert r.returncode == 2, r.stderr
     import torch
-    if torch.cuda.is_available():
-        assert "profile 'clip-vit-b32' needs the Hugging Face Hub" in r.stderr and 'openai/clip-vit-base-patch32' in r.stderr
-    else:   # its device is checked first (issue 27): without a GPU nothing at paper scale runs here, hub or not
+    assert "profile 'clip-vit-b32' needs the Hugging Face Hub" in r.stderr and 'openai/clip-vit-base-patch32' in r.stderr
+    if not torch.cuda.is_available():   # the device first, and the missing sources in the same message (issue 54: one round trip)
         assert "profile 'clip-vit-b32': device 'cuda' requested but CUDA is not available" in r.stderr
+        assert r.stderr.index("device 'cuda'") < r.stderr.index('needs the Hugging Face Hub')
     # at once: no experiment started and nothing written (prepare() itself is checked in test_profiles)
     assert 'running' not in r.stdout and sorted((Path(__file__).parents[2]/'outputs'/'clip-vit-b32').rglob('*')) == before
 
