@@ -47,7 +47,7 @@ class Profile:
     autocast:str = 'none' # evaluation forward passes under autocast: 'none', 'bfloat16' or 'float16' (fusion_nb.evaluation)
     cpus_per_experiment:float = 1.0 # CPUs one experiment uses: its torch threads side by side here, what it asks of a Ray cluster
     gpus_per_experiment:float = 0.0 # GPUs one experiment asks of a Ray cluster (`--backend ray`)
-    beyond:bool = True # also run the "beyond the paper" blocks (experiments 01 and 04: methods newer than the paper's table), after the paper's rows
+    beyond:bool = True # also run 01's and 04's "beyond the paper" blocks (newer methods), after the paper's rows
     experiments:list[str] = field(default_factory=list) # the experiments this profile runs (names or unique prefixes); empty: all
     extra:dict[str, str] = field(default_factory=dict) # keys the library does not know, kept as strings
     raw:dict[str, str] = field(default_factory=dict, repr=False) # the section's keys as written (overrides applied): what `profile_sources` reads
@@ -394,7 +394,7 @@ EXPERIMENT_ENV = 'FUSION_NB_EXPERIMENT'   # set by the runner for an experiment'
 def checked_experiments(profile:Profile, # the profile about to run
                         experiments:Sequence[str]|str|None=None, # the experiments about to run, if the caller knows them
                        )->list[str]|None:
-    "The experiments whose sources `prepare` checks: `experiments`, else this kernel's ($FUSION_NB_EXPERIMENT, or Jupyter's notebook), else None (the profile's)."
+    "The experiments `prepare` checks: `experiments`, else this kernel's ($FUSION_NB_EXPERIMENT; Jupyter's notebook), else None (the profile's)."
     if experiments is not None: return [experiments] if isinstance(experiments, str) else list(experiments)
     if name := os.environ.get(EXPERIMENT_ENV, '').strip(): return [name]
     stem = Path(os.environ.get('JPY_SESSION_NAME', '')).stem   # a notebook opened in Jupyter (jupyter_server ≥ 2 sets it)

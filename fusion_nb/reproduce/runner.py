@@ -204,9 +204,9 @@ def keep_partial(tmp:Path, # the unfinished run's folder (`atomic_dir`'s tempora
                  partial:Path, # where to keep it (`partial_dir`)
                  record:dict, # why it stopped, when, after how long: written as partial.json
                 )->Path|None:
-    "Move what an unfinished run wrote to `partial`, replacing an older partial output whole; None (nothing kept) when it wrote no file but its notebook."
+    "Move what an unfinished run wrote to `partial`, replacing an older one whole; None (nothing kept) when it wrote only its notebook."
     if not any(p.is_file() and p.name != 'run.ipynb' for p in tmp.rglob('*')): return None
-    if (tmp/'run.ipynb').exists(): atomic_write_text(tmp/'run.ipynb', (tmp/'run.ipynb').read_text(errors='replace').replace(str(tmp), str(partial)))
+    if (nb := tmp/'run.ipynb').exists(): atomic_write_text(nb, nb.read_text(errors='replace').replace(str(tmp), str(partial)))   # names its folder
     atomic_write_text(tmp/'partial.json', json.dumps(record, indent=1, default=str))
     honour_umask(tmp); os.chmod(tmp, 0o777 & ~current_umask())
     old = partial.with_name(f'.{partial.name}.{os.getpid()}.old.tmp')   # a temporary `remove_stale_temps` knows
