@@ -18,10 +18,10 @@ from ..checkpoints import dataset_cached, env_true, file_cached, hub_reachable, 
 
 # %% auto #0
 __all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'PAPER_KEYS', 'SCRATCH', 'SWEEPS', 'BUDGET_RANGES',
-           'Profile', 'settings_path', 'list_profiles', 'declared_parameters', 'check_keys', 'check_budgets',
-           'load_profile', 'Source', 'experiment_sources', 'profile_sources', 'source_problems', 'missing_from_cache',
-           'prepare', 'resolved_revisions', 'experiments_dir', 'list_experiments', 'select_experiments',
-           'profile_experiments']
+           'EXPERIMENT_ENV', 'Profile', 'settings_path', 'list_profiles', 'declared_parameters', 'check_keys',
+           'check_budgets', 'load_profile', 'Source', 'experiment_sources', 'profile_sources', 'source_problems',
+           'missing_from_cache', 'checked_experiments', 'prepare', 'resolved_revisions', 'experiments_dir',
+           'list_experiments', 'select_experiments', 'profile_experiments']
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #fc87d834
 @dataclass
@@ -47,6 +47,7 @@ class Profile:
     autocast:str = 'none' # evaluation forward passes under autocast: 'none', 'bfloat16' or 'float16' (fusion_nb.evaluation)
     cpus_per_experiment:float = 1.0 # CPUs one experiment uses: its torch threads side by side here, what it asks of a Ray cluster
     gpus_per_experiment:float = 0.0 # GPUs one experiment asks of a Ray cluster (`--backend ray`)
+    beyond:bool = True # also run 01's and 04's "beyond the paper" blocks (newer methods), after the paper's rows
     experiments:list[str] = field(default_factory=list) # the experiments this profile runs (names or unique prefixes); empty: all
     extra:dict[str, str] = field(default_factory=dict) # keys the library does not know, kept as strings
     raw:dict[str, str] = field(default_factory=dict, repr=False) # the section's keys as written (overrides applied): what `profile_sources` reads
@@ -72,7 +73,7 @@ class Profile:
 _INT_KEYS = {'max_test_samples': 0, 'batch_size': 1, 'num_workers': 0, 'seed': 0}  # key → smallest valid value
 _KNOWN = {'description', 'pretrained', 'tasks', 'expert_template', 'dataset_template', 'class_names', 'test_split',
           'max_test_samples', 'device', 'dtype', 'batch_size', 'num_workers', 'seed', 'build', 'hub', 'autocast',
-          'cpus_per_experiment', 'gpus_per_experiment', 'experiments'}
+          'cpus_per_experiment', 'gpus_per_experiment', 'experiments', 'beyond'}
 # where an experiment runs, not what it computes: not part of an experiment's inputs (fusion_nb.reproduce.runner)
 PLACEMENT_KEYS = ('cpus_per_experiment', 'gpus_per_experiment')
 AUTOCAST = ('none', 'bfloat16', 'float16')
@@ -172,9 +173,10 @@ def _parse(name:str, raw:dict, root:Path)->dict:
         try: kw[k] = int(raw[k])
         except ValueError: raise bad(k, 'expected an integer') from None
         if kw[k] < lo: raise bad(k, f'expected an integer ≥ {lo}')
-    hub = raw.get('hub', 'false').strip().lower()
-    if hub not in _TRUE + _FALSE: raise bad('hub', 'expected true or false')
-    kw['hub'] = hub in _TRUE
+    for k, default in (('hub', 'false'), ('beyond', 'true')):
+        v = raw.get(k, default).strip().lower()
+        if v not in _TRUE + _FALSE: raise bad(k, 'expected true or false')
+        kw[k] = v in _TRUE
     tasks = raw.get('tasks', '').split()
     if not tasks: raise bad('tasks', 'no task names')
     if len(set(tasks)) < len(tasks): raise bad('tasks', 'a task is named twice')
@@ -309,12 +311,16 @@ def experiment_sources(profile:Profile, # a loaded profile
     return out
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #eb8d6c28
-def profile_sources(profile:Profile)->list[Source]:
-    "Every model, dataset and file the experiments of `profile` read, each once, in experiment order (no `experiments` key: its own)."
+def profile_sources(profile:Profile, # a loaded profile
+                    experiments:Sequence[str]|None=None, # the experiments about to run (names or prefixes); None: the profile's own
+                   )->list[Source]:
+    "Every model, dataset and file `experiments` (default: those of `profile`) read for `profile`, each once, in experiment order."
     # without an `experiments` key a profile (tiny, a user's own) names its pretrained model, experts and tasks: those are
     # checked, not what every notebook of nbs/experiments would read for it (experiment 10's seven tasks, say)
-    try: names = profile_experiments(profile) if profile.experiments else []
-    except FusionError: names = []
+    if experiments is not None: names = [experiments] if isinstance(experiments, str) else list(experiments)
+    else:
+        try: names = profile_experiments(profile) if profile.experiments else []
+        except FusionError: names = []
     out = {}
     for s in [s for n in (names or ['00']) for s in experiment_sources(profile, n)]: out.setdefault((s.kind, s.value), s)
     return list(out.values())
@@ -327,12 +333,14 @@ def _local_there(s:Source)->bool:
 # %% ../../nbs/reproduce/90_profiles.ipynb #d6a803ab
 def source_problems(profile:Profile, # the profile about to run
                     reachable:bool=True, # is the hub reachable? (False: hub sources must be in the local caches)
+                    experiments:Sequence[str]|None=None, # the experiments about to run (default: the profile's, see `profile_sources`)
                    )->list[str]:
-    "One line per source the profile's experiments read that is not there (a local path, or offline a hub id not cached), or not named."
+    "One line per source `experiments` read that is not there (a local path, or offline a hub id not cached), or not named."
     cached = {'model': model_cached, 'dataset': dataset_cached, 'file': file_cached}
-    out = [] if profile.extra.get('llava_finetunes', None) != '' else [
+    asked = experiments is None or any(str(e).startswith('40') for e in ([experiments] if isinstance(experiments, str) else experiments))
+    out = [] if profile.extra.get('llava_finetunes', None) != '' or not asked else [
         "llava_finetunes is empty: name the fine-tuned LLaVAs to merge (name=hub-id-or-path …; paper 004 does not publish them)"]
-    for s in profile_sources(profile):
+    for s in profile_sources(profile, experiments):
         if is_local(s.value):
             if not _local_there(s): out.append(f"{s.key} = {s.value}: no such {'folder' if s.kind != 'file' else 'file or folder'}; {s.how}")
         elif not reachable and not cached[s.kind](s.value):
@@ -343,58 +351,81 @@ def source_problems(profile:Profile, # the profile about to run
 def missing_from_cache(profile:Profile, # profile whose hub models, datasets and files to look for
                        hub_cache:str|Path|None=None, # default: huggingface_hub's cache
                        datasets_cache:str|Path|None=None, # default: datasets' cache
+                       experiments:Sequence[str]|None=None, # the experiments about to run (default: the profile's, see `profile_sources`)
                       )->list[str]:
-    "The hub models, datasets and files the profile's experiments read (`profile_sources`) that are not in the local caches (empty: it can run offline)."
-    hub = [s for s in profile_sources(profile) if not is_local(s.value)]
+    "The hub models, datasets and files `experiments` read (`profile_sources`) that are not in the local caches (empty: they can run offline)."
+    hub = [s for s in profile_sources(profile, experiments) if not is_local(s.value)]
     there = {'model': lambda v: model_cached(v, hub_cache), 'dataset': lambda v: dataset_cached(v, datasets_cache),
              'file': lambda v: file_cached(v, hub_cache)}
     return ([s.value for s in hub if s.kind == 'model' and not there['model'](s.value)] +
             [f"{k} {s.value}" for k in ('dataset', 'file') for s in hub if s.kind == k and not there[k](s.value)])
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #62f7194e
-def _hub_error(profile:Profile, missing:list[str])->FusionError:
+def _reading(experiments:Sequence[str]|None)->str:
+    "Whose reads a message lists: 'its experiments', or the selected ones by name."
+    return 'its experiments' if experiments is None else f"experiment{'s' if len(experiments) > 1 else ''} {', '.join(experiments)}"
+
+def _hub_error(profile:Profile, missing:list[str], experiments:Sequence[str]|None=None)->FusionError:
     why = 'HF_HUB_OFFLINE is set' if env_true('HF_HUB_OFFLINE') else 'no answer from the hub within a few seconds'
+    run = f"fusion-nb reproduce --profile {profile.name}" + (f" --only {' '.join(experiments)}" if experiments is not None else '')
     return FusionError(
         f"profile {profile.name!r} needs the Hugging Face Hub, which is not reachable here ({why}), and "
-        f"{len(missing)} of its models/datasets (everything its experiments read) are not available:\n  - " + "\n  - ".join(missing)
-        + f"\nEither run it on a machine with hub access (a GPU machine for the paper scale: `fusion-nb reproduce --profile {profile.name}`), "
-        "or fill the Hugging Face cache there first (run the profile once, or `hf download <model>` and load each dataset once) and "
+        f"{len(missing)} of its models/datasets (everything {_reading(experiments)} read) are not available:\n  - " + "\n  - ".join(missing)
+        + f"\nEither run it on a machine with hub access (a GPU machine for the paper scale: `{run}`), "
+        "or fill the Hugging Face cache there first (run that once, or `hf download <model>` and load each dataset once) and "
         "copy it (HF_HOME) here; with everything cached the profile runs offline. A local path no hub gives is provided as its line "
         "says. The offline default is `--profile tiny`.")
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #c906e45b
-def _sources_error(profile:Profile, problems:list[str])->FusionError:
-    return FusionError(f"profile {profile.name!r} cannot run: {len(problems)} of the sources its experiments read are missing or "
+def _sources_error(profile:Profile, problems:list[str], experiments:Sequence[str]|None=None)->FusionError:
+    return FusionError(f"profile {profile.name!r} cannot run: {len(problems)} of the sources {_reading(experiments)} read are missing or "
                        "unreadable:\n  - " + "\n  - ".join(problems))
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #9534260b
-def _read_splits(profile:Profile)->dict[str, tuple[str, str]]:
+def _read_splits(profile:Profile, experiments:Sequence[str]|None=None)->dict[str, tuple[str, str]]:
     "Task → (local dataset, the split its tables evaluate: `test_splits` task:split, else `test_split`)."
     splits = dict(kv.split(':', 1) for kv in profile.extra.get('test_splits', '').split() if ':' in kv)
-    return {s.key.split('.', 1)[1]: (s.value, s.split or splits.get(s.key.split('.', 1)[1], profile.test_split)) for s in profile_sources(profile)
+    return {s.key.split('.', 1)[1]: (s.value, s.split or splits.get(s.key.split('.', 1)[1], profile.test_split)) for s in profile_sources(profile, experiments)
             if s.kind == 'dataset' and s.key.startswith('dataset.') and is_local(s.value)}
+
+# %% ../../nbs/reproduce/90_profiles.ipynb #634b4beb
+EXPERIMENT_ENV = 'FUSION_NB_EXPERIMENT'   # set by the runner for an experiment's kernel: the experiment it runs
+
+def checked_experiments(profile:Profile, # the profile about to run
+                        experiments:Sequence[str]|str|None=None, # the experiments about to run, if the caller knows them
+                       )->list[str]|None:
+    "The experiments `prepare` checks: `experiments`, else this kernel's ($FUSION_NB_EXPERIMENT; Jupyter's notebook), else None (the profile's)."
+    if experiments is not None: return [experiments] if isinstance(experiments, str) else list(experiments)
+    if name := os.environ.get(EXPERIMENT_ENV, '').strip(): return [name]
+    stem = Path(os.environ.get('JPY_SESSION_NAME', '')).stem   # a notebook opened in Jupyter (jupyter_server ≥ 2 sets it)
+    return [stem] if stem and (Path(profile.root)/'nbs'/'experiments'/f'{stem}.ipynb').exists() else None
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #19dd3a42
 def prepare(profile:Profile, # the profile about to run
             build:bool=True, # run the profile's builder (`profile.build`) if set
             progress:bool=True, # progress bars while building
             log=print, # where notes go
+            experiments:Sequence[str]|str|None=None, # the experiments about to run (default: `checked_experiments`)
            )->Profile:
-    "Get ready to run `profile`: the device, then every source its experiments read (all named at once), offline mode, built data."
-    try: get_device(profile.device)   # `device = cuda` on a machine without one: first, as a machine without a GPU runs nothing at paper scale
-    except FusionError as e: raise FusionError(f"profile {profile.name!r}: {e}") from None
+    "Get ready to run `experiments` of `profile`: the device and every source they read (named in one message), offline mode, built data."
+    names = checked_experiments(profile, experiments)
+    try: get_device(profile.device); device = ''   # `device = cuda` on a machine without one: said first, with what else is missing
+    except FusionError as e: device = f"profile {profile.name!r}: {e}"
+    together = lambda e: FusionError(f"{device}\n\n{e}" if device else str(e))   # one message: one round trip to fix all
     reachable = hub_reachable() if profile.hub else True
-    if profile.hub and (problems := source_problems(profile, reachable)):
-        raise _hub_error(profile, problems) if not reachable and any('not in the local cache' in p for p in problems) else _sources_error(profile, problems)
-    if profile.hub and not reachable: log(f"profile {profile.name!r}: the hub is not reachable; every model and dataset is cached, running offline")
+    if profile.hub and (problems := source_problems(profile, reachable, names)):
+        raise together(_hub_error(profile, problems, names) if not reachable and any('not in the local cache' in p for p in problems)
+                       else _sources_error(profile, problems, names))
     if not (profile.hub and reachable): os.environ['HF_HUB_OFFLINE'] = os.environ['HF_DATASETS_OFFLINE'] = '1'
+    if not profile.build:   # every local dataset opened now, before any model work (the builder's own data needs no check)
+        from fusion_nb.pools import dataset_problems
+        if problems := (source_problems(profile, experiments=names) if not profile.hub else []) + dataset_problems(_read_splits(profile, names)):
+            raise together(_sources_error(profile, problems, names))
+    if device: raise FusionError(device)
+    if profile.hub and not reachable: log(f"profile {profile.name!r}: the hub is not reachable; every model and dataset is cached, running offline")
     if build and profile.build:
         from fusion_nb.tiny.build import build_benchmark  # the builder of the project's own data
         build_benchmark(scale=profile.build, root=profile.root, progress=progress)
-    elif not profile.build:   # every local dataset opened now, before any model work (the builder's own data needs no check)
-        from fusion_nb.pools import dataset_problems
-        if problems := (source_problems(profile) if not profile.hub else []) + dataset_problems(_read_splits(profile)):
-            raise _sources_error(profile, problems)
     return profile
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #3ae0dff4

@@ -17,10 +17,10 @@ from ..evaluation import method_task_table   # records → table is the spine's;
 import fusion_nb
 
 # %% auto #0
-__all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records', 'save_figure',
-           'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread', 'spread_rows',
-           'same_as_seed0', 'note_seed0', 'judge_beyond_spread', 'beyond_spread', 'spread_zoo_differs',
-           'claims_beyond_spread', 'finding_label', 'verdicts_across_builds', 'judged_across_builds',
+__all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'PARTIAL', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records',
+           'save_figure', 'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread',
+           'spread_rows', 'same_as_seed0', 'note_seed0', 'judge_beyond_spread', 'beyond_spread', 'spread_zoo_differs',
+           'claims_beyond_spread', 'finding_label', 'verdicts_across_builds', 'judged_across_builds', 'partial_note',
            'headline_numbers', 'project_relative', 'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #d3e31a10
@@ -264,6 +264,22 @@ def judged_across_builds(findings:pd.DataFrame, # per finding: `holds` (an exper
     other, judged = recipes.get(zoo) != recipe, verdicts_across_builds(findings, builds)
     return judged, '; verdicts across builds' + (f', measured on another {zoo}' if other else '') + note_seed0(judged, experiment)
 
+# %% ../../nbs/reproduce/91_reports.ipynb #5aac15a6
+PARTIAL = '.partial'   # outputs/<profile>/<experiment>.partial/: what a run that did not finish wrote (fusion_nb.reproduce.runner)
+
+def partial_note(profile_dir:Path, # outputs/<profile>
+                 name:str, # the experiment
+                )->str:
+    "REPORT.md's line on experiment `name`'s partial output: what stopped it, when, and its files (linked, never shown as results)."
+    part = Path(profile_dir)/f'{name}{PARTIAL}'
+    try: rec = json.loads((part/'partial.json').read_text())
+    except (OSError, ValueError): rec = {}
+    files = sorted(p.relative_to(part).as_posix() for p in part.rglob('*') if p.is_file() and p.name != 'partial.json')
+    how = {'interrupted': 'an interrupted run', 'failed': 'a failed run'}.get(rec.get('stopped'), 'a run that did not finish')
+    when = f" ({rec['when']}, after {rec.get('seconds', 0):.0f} s)" if rec.get('when') else ''
+    return (f"> **Partial output, not a complete run**: [{name}{PARTIAL}/]({name}{PARTIAL}/) holds what {how}{when} wrote before "
+            f"it stopped: {', '.join(f'[{f}]({name}{PARTIAL}/{f})' for f in files) or 'nothing'}. A complete run replaces it.")
+
 # %% ../../nbs/reproduce/91_reports.ipynb #ca7cc476
 HEADLINE_ROWS = {  # experiment → rows of its table.csv whose `Avg.` heads REPORT.md
     '01_multi_task_merging': ['Pre-trained', 'Fine-tuned (STL)', 'Simple Averaging', 'Task Arithmetic'],
@@ -333,13 +349,17 @@ def write_report(profile_dir:str|Path, # outputs/<profile>
     head = headline_numbers(pdir)
     if len(head): lines += ['## Headline numbers', '', 'Average accuracy (%) over the tasks, read from the tables below:', '',
                             to_markdown(head.set_index('row')), '']
-    exps = sorted({p.name for p in pdir.iterdir() if p.is_dir() and not p.name.startswith('.')} | set(failed))
+    dirs = {p.name for p in pdir.iterdir() if p.is_dir() and not p.name.startswith('.')}
+    partial = sorted(d.removesuffix(PARTIAL) for d in dirs if d.endswith(PARTIAL))   # listed, never taken for an experiment's outputs
+    if partial: lines += [f"**Partial outputs** (runs that did not finish, not complete results): {', '.join(partial)}.", '']
+    exps = sorted({d for d in dirs if not d.endswith(PARTIAL)} | set(failed) | set(partial))
     for name in exps:
-        exp, title = pdir/name, _title(pdir/name)
+        exp, title = pdir/name, _title(pdir/name) or _title(pdir/f'{name}{PARTIAL}')
         lines += [f"## {name}" + (f" — {title}" if title else ''), '']
         if name in failed:
             lines += [f"> **Failed in the last run**: see [{name}.failed.ipynb]({name}.failed.ipynb)"
                       + ('; the outputs below are from the previous successful run.' if exp.is_dir() else '; no outputs yet.'), '']
+        if name in partial: lines += [partial_note(pdir, name), '']
         if not exp.is_dir(): continue
         meta = {}
         if (exp/'inputs.json').exists():

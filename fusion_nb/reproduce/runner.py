@@ -6,26 +6,26 @@ Docs: https://fusion-nb.github.io/fusion_nb/reproduce/runner.html.md"""
 
 # %% ../../nbs/reproduce/92_runner.ipynb #a15ca59f
 from __future__ import annotations
-import ast, contextlib, datetime, itertools, json, os, re, sys, threading, time
+import ast, contextlib, datetime, itertools, json, os, re, shutil, sys, threading, time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..core import (PROGRESS_MODES, FusionError, HyperparameterError, UnknownNameError, COMPUTE_ENV, atomic_dir, atomic_write_text, compute_env, file_hashes,
-                            heartbeat, progress_mode, remove_stale_temps)
-from .profiles import (SWEEPS, Profile, experiments_dir, list_experiments, load_profile, prepare, profile_experiments,
+from ..core import (PROGRESS_MODES, FusionError, HyperparameterError, UnknownNameError, COMPUTE_ENV, atomic_dir, atomic_write_text, compute_env,
+                            current_umask, file_hashes, heartbeat, honour_umask, progress_mode, remove_stale_temps)
+from .profiles import (EXPERIMENT_ENV, SWEEPS, Profile, experiments_dir, list_experiments, load_profile, prepare, profile_experiments,
                                           resolved_revisions, select_experiments)
 from .fingerprints import (data_fingerprint, experiment_inputs, experiment_parameters, hash_cache, notebook_parameters,
                                               read_notebook, with_hash)
-from .reports import write_report
+from .reports import PARTIAL, write_report
 from .tracking import tracked
 import fusion_nb
 
 # %% auto #0
 __all__ = ['BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiment_title', 'Runs', 'why_rerun', 'foreign_files',
            'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
-           'papermill_parameters', 'run_experiment', 'ray_module', 'computes_on_cpu', 'local_slots', 'run_local',
-           'check_ray_address', 'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'prepare_logged',
-           'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep']
+           'papermill_parameters', 'partial_dir', 'keep_partial', 'run_experiment', 'ray_module', 'computes_on_cpu',
+           'local_slots', 'run_local', 'check_ray_address', 'run_on_ray', 'run_jobs', 'check_backend',
+           'writable_profile_dir', 'prepare_logged', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #ccf9d496
 def experiment_title(nb_path:str|Path)->str:
@@ -212,6 +212,34 @@ def papermill_parameters(nb_path:str|Path, # the experiment notebook
         return int(v) if v.strip().lstrip('+-').isdigit() else float(v)
     return {k: typed(k, v) for k, v in parameters.items()}
 
+# %% ../../nbs/reproduce/92_runner.ipynb #e9e855a9
+def partial_dir(out:Path)->Path:
+    "Where what an unfinished run into output folder `out` wrote is kept: `<out>.partial` beside it."
+    return out.with_name(f'{out.name}{PARTIAL}')
+
+def keep_partial(tmp:Path, # the unfinished run's folder (`atomic_dir`'s temporary)
+                 partial:Path, # where to keep it (`partial_dir`)
+                 record:dict, # why it stopped, when, after how long: written as partial.json
+                )->Path|None:
+    "Move what an unfinished run wrote to `partial`, replacing an older one whole; None (nothing kept) when it wrote only its notebook."
+    if not any(p.is_file() and p.name != 'run.ipynb' for p in tmp.rglob('*')): return None
+    if (nb := tmp/'run.ipynb').exists(): atomic_write_text(nb, nb.read_text(errors='replace').replace(str(tmp), str(partial)))   # names its folder
+    atomic_write_text(tmp/'partial.json', json.dumps(record, indent=1, default=str))
+    honour_umask(tmp); os.chmod(tmp, 0o777 & ~current_umask())
+    old = partial.with_name(f'.{partial.name}.{os.getpid()}.old.tmp')   # a temporary `remove_stale_temps` knows
+    if partial.exists(): os.replace(partial, old)
+    os.replace(tmp, partial); shutil.rmtree(old, ignore_errors=True)
+    return partial
+
+# %% ../../nbs/reproduce/92_runner.ipynb #554eeeff
+def _keep_finished(tmp:Path, out:Path, label:str, e:BaseException, interrupted:bool, inputs:dict, t0:float, log)->None:
+    "`keep_partial` for a run into `out` stopped by `e`, said in the log; a failure to keep it is said too, never raised over `e`."
+    record = {'stopped': 'interrupted' if interrupted else 'failed', 'error': '' if interrupted else _last_line(e), 'inputs': inputs['hash'],
+              'when': datetime.datetime.now().isoformat(timespec='seconds'), 'seconds': round(time.time() - t0, 1)}
+    try: kept = keep_partial(tmp, partial_dir(out), record)
+    except OSError as err: log(f"[{label}] could not keep what it finished in {partial_dir(out)}: {err}"); return
+    if kept: log(f"[{label}] {record['stopped']}: what it finished is kept in {kept} (partial, not a complete run)")
+
 # %% ../../nbs/reproduce/92_runner.ipynb #407e335e
 def run_experiment(name:str, # experiment (notebook stem)
                    profile:Profile, # profile to run it for
@@ -239,7 +267,8 @@ def run_experiment(name:str, # experiment (notebook stem)
     mode = progress if progress in PROGRESS_MODES else progress_mode(progress)
     # the kernel imports the fusion_nb whose sources `package_hash` fingerprinted, not another install;
     # compute_env: OpenMP threads that sleep, glibc's heap kept between batches (fusion_nb.core; same results)
-    env = compute_env({**os.environ, 'FUSION_NB_ROOT': str(profile.root), 'PYTHONPATH': _kernel_pythonpath(),
+    # EXPERIMENT_ENV: the notebook's own `prepare` checks what this experiment reads, not the whole profile's list
+    env = compute_env({**os.environ, 'FUSION_NB_ROOT': str(profile.root), 'PYTHONPATH': _kernel_pythonpath(), EXPERIMENT_ENV: name,
                        **({'OMP_NUM_THREADS': str(threads)} if threads else {})})
     kernels, runs = [], runs if runs is not None else Runs()
     runs.kernels.append(kernels)
@@ -250,9 +279,12 @@ def run_experiment(name:str, # experiment (notebook stem)
                     papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**papermill_parameters(nb, inputs['parameters']), 'output_dir': str(tmp)},
                                                kernel_name='python3', progress_bar=mode == 'bars',
                                                kernel_manager_class=_kernel_manager(kernel_err, kernels, env, str(nb.parent)))
-            except Exception as e:   # a Ctrl-C (KeyboardInterrupt) leaves no notebook behind: the run did not fail
-                if runs.interrupted or getattr(e, 'ename', None) == 'KeyboardInterrupt': raise KeyboardInterrupt from None   # ours, or the kernel's
-                if (tmp/'run.ipynb').exists(): atomic_write_text(failed_nb, (tmp/'run.ipynb').read_text())
+            except BaseException as e:   # a Ctrl-C (KeyboardInterrupt) leaves no failed notebook behind: the run did not fail
+                interrupted = bool(runs.interrupted) or isinstance(e, KeyboardInterrupt) or getattr(e, 'ename', None) == 'KeyboardInterrupt'
+                if not interrupted and (tmp/'run.ipynb').exists(): atomic_write_text(failed_nb, (tmp/'run.ipynb').read_text())
+                _keep_finished(tmp, out, label, e, interrupted, inputs, t0, log)
+                if interrupted: raise KeyboardInterrupt from None   # ours, or the kernel's
+                if not isinstance(e, Exception): raise
                 kernel_err.seek(0)
                 said = [l for l in kernel_err.read().decode(errors='replace').splitlines() if l.strip() and 'running over TCP' not in l]
                 if said: log(f"[{label}] the kernel's stderr ended with:\n" + '\n'.join(said[-5:]))
@@ -273,6 +305,7 @@ def run_experiment(name:str, # experiment (notebook stem)
         return 'failed'
     finally: runs.kernels.remove(kernels)
     marker.unlink(missing_ok=True); failed_nb.unlink(missing_ok=True)
+    shutil.rmtree(partial_dir(out), ignore_errors=True)   # a complete run supersedes what an unfinished one kept
     log(f"[{label}] done in {time.time() - t0:.0f} s → {out}")
     return 'ok'
 
@@ -481,13 +514,15 @@ def _on_disk(profile:Profile)->str:
 # %% ../../nbs/reproduce/92_runner.ipynb #87e049d2
 def prepare_logged(profile:Profile, # the profile about to run
                    progress:bool=True, # progress wanted (`progress_mode` decides bars or lines)
-                   log=print)->Profile:
+                   log=print,
+                   experiments:Sequence[str]|None=None, # the experiments about to run: their sources are checked (None: the profile's)
+                  )->Profile:
     "`prepare` with bars in a terminal; in a log, a line when the build starts and ends and a summary every minute."
     mode = progress_mode(progress)
-    if mode != 'lines' or not profile.build: return prepare(profile, progress=mode == 'bars', log=log)
+    if mode != 'lines' or not profile.build: return prepare(profile, progress=mode == 'bars', log=log, experiments=experiments)
     what, t0 = f'build {profile.build}', time.time()
     log(f"[{what}] checking the {profile.build} benchmark (builds what is missing or stale) ...")
-    with heartbeat(what, log, status=lambda: _on_disk(profile)): prepare(profile, progress=False, log=log)
+    with heartbeat(what, log, status=lambda: _on_disk(profile)): prepare(profile, progress=False, log=log, experiments=experiments)
     log(f"[{what}] ready after {time.time() - t0:.0f} s")
     return profile
 
@@ -512,9 +547,11 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
     for n in names: experiment_parameters(experiments_dir(prof.root)/f'{n}.ipynb', prof)
     for n in names: check_owned(experiment_paths(n, prof, output_root)[1], n)   # nothing runs while a folder holds a user's file
     writable_profile_dir(output_root or prof.root/'outputs', prof.name, create=False)   # checked, not yet made:
-    prepare_logged(prof, progress, log)   # a failed check leaves no outputs/<profile>/ behind
+    prepare_logged(prof, progress, log, names if only else None)   # what the selection reads; a failed check leaves no outputs/<profile>/
     pdir = writable_profile_dir(output_root or prof.root/'outputs', prof.name)
-    status = run_jobs({n: {'name': n} for n in names}, prof, output_root, force, progress, log, backend, address, jobs)
+    try: status = run_jobs({n: {'name': n} for n in names}, prof, output_root, force, progress, log, backend, address, jobs)
+    except KeyboardInterrupt:   # the report lists what the interrupted runs kept (`keep_partial`)
+        write_report(pdir, prof, failed=list(recorded_failures(pdir))); raise
     failing = recorded_failures(pdir)
     report = write_report(pdir, prof, failed=list(failing))
     counts = {s: sum(v == s for v in status.values()) for s in ('ok', 'skipped', 'failed')}
@@ -613,7 +650,7 @@ def sweep(notebook:str, # the experiment: name, unique prefix or notebook path
     sdir = writable_profile_dir(Path(output_root or prof.root/'outputs')/SWEEPS, prof.name)/name
     sdir.mkdir(exist_ok=True); remove_stale_temps(sdir)
     for folder in points: check_owned(sdir/folder, folder)
-    prepare_logged(prof, progress, log)
+    prepare_logged(prof, progress, log, [name])
     n_jobs, jobs = jobs, {folder: {'name': name, 'overrides': p, 'folder': sdir/folder} for folder, p in points.items()}
     status = run_jobs(jobs, prof, output_root, force, progress, log, backend, address, n_jobs)
     merged = merge_sweep(sdir, {f: p for f, p in points.items() if status[f] != 'failed'}, log)

@@ -119,6 +119,26 @@ def test_paper_000_profile_on_the_mirror_end_to_end(mirror):
     assert t04.notna().all().all() and ((t04 >= 0) & (t04 <= 100)).all().all()
     print(f'paper 000 on the mirror: {time.time() - t0:.1f} s')
 
+def test_only_checks_what_the_selected_experiment_reads(mirror):
+    "Issue 54: on a mirror holding only what 00 reads, a profile that also runs 10 (paper 001's seven tasks) is refused as a"
+    "whole, naming what 10 lacks, while `--only 00` passes the pre-check (the runner's and its kernel's) and runs."
+    ini = mirror/'settings.ini'
+    section = ini.read_text().split('[b32-mirror]\n')[1]
+    if '[b32-mirror-10]' not in ini.read_text():
+        ini.write_text(ini.read_text() + '\n[b32-mirror-10]\n' + section.replace('experiments = 00 04', 'experiments = 00 10'))
+    r = _reproduce(mirror, '--profile', 'b32-mirror-10')
+    assert r.returncode == 2 and 'running' not in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    missing = [f"{kind}.{t} = {mirror/'mirror'/'tanganke'/('clip-vit-base-patch32_' + t) if kind == 'expert' else mirror/'mirror'/'datasets'/'tanganke'/t}: no such folder"
+               for kind in ('expert', 'dataset') for t in ('cifar10', 'cifar100', 'stl10')]   # experiment 10's tasks the mirror lacks
+    assert all(m in r.stderr for m in missing), r.stderr[-3000:]
+    assert 'of the sources its experiments read are missing' in r.stderr
+    t0 = time.time()
+    r = _reproduce(mirror, '--profile', 'b32-mirror-10', '--only', '00')
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (mirror/'outputs'/'b32-mirror-10'/'00_individual'/'table.csv').exists()
+    assert not (mirror/'outputs'/'b32-mirror-10'/'10_neulig').exists()
+    print(f'--only 00 on the mirror: {time.time() - t0:.1f} s')
+
 # --- paper 003: ImageNet and its shifts as the hub and their distributors publish them ---
 
 SHIFT_BUDGET = dict(finetune_batch_size=4, finetune_epochs=1, finetune_lr='1e-3', finetune_warmup_steps=1, finetune_val_size=4,

@@ -243,13 +243,28 @@ def test_cuda_profile_without_a_gpu_fails_in_prepare(settings, caches, monkeypat
 
 # --- issue 27: everything a profile reads named at once, the device first, nothing left behind by a failed check ---
 
-def test_device_is_checked_before_the_hub(settings, caches, monkeypatch):
-    "A machine with neither a GPU nor the hub is told about the GPU first: without one nothing at paper scale runs here anyway."
+def test_device_and_missing_sources_in_one_message(settings, caches, monkeypatch):
+    "Issue 54: a CPU machine without the hub is told about the GPU first and, in the same message, every missing source."
     import torch
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-    with pytest.raises(FusionError, match="profile 'hubby': device 'cuda' requested but CUDA is not available"):
-        prepare(load_profile('hubby', settings=settings), log=lambda s: None)
+    with pytest.raises(FusionError) as e: prepare(load_profile('hubby', settings=settings), log=lambda s: None)
+    msg = str(e.value)
+    assert msg.startswith("profile 'hubby': device 'cuda' requested but CUDA is not available")
+    everything = ['owner/clip-base', 'owner/clip-base_stanford-cars', 'owner/clip-base_svhn', 'owner/clip-base_mnist',
+                  'owner/cars', 'someone/svhn:cropped_digits', 'owner/mnist']   # the profile's keys, read by hand
+    assert "needs the Hugging Face Hub" in msg and '7 of its models/datasets' in msg and all(f'= {v}: hub' in msg for v in everything)
+    # a profile of local folders (no hub, no builder): its absent folders come with the device too
+    settings.write_text(settings.read_text() + "[gpu-local]\ndevice = cuda\npretrained = ./models/nowhere\nexpert_template = ./models/nowhere_{task}\n"
+                        "dataset_template = ./data/{task}\n")
+    with pytest.raises(FusionError) as e: prepare(load_profile('gpu-local', settings=settings), log=lambda s: None)
+    msg = str(e.value)
+    assert msg.startswith("profile 'gpu-local': device 'cuda' requested") and f"pretrained = {settings.parent/'models'/'nowhere'}: no such folder" in msg
+    # everything there: the device alone
+    for m in load_profile('hubby', settings=settings).hub_sources()['models']: fake_model(caches[0], m)
+    for d in load_profile('hubby', settings=settings).hub_sources()['datasets']: fake_dataset(caches[1], d)
+    with pytest.raises(FusionError) as e: prepare(load_profile('hubby', settings=settings), log=lambda s: None)
+    assert str(e.value).startswith("profile 'hubby': device 'cuda' requested") and '\n' not in str(e.value)
 
 def test_a_failed_check_leaves_no_profile_folder(settings, caches, monkeypatch, tmp_path):
     import fusion_nb.reproduce.runner as runner
@@ -363,3 +378,44 @@ def test_every_budget_of_every_profile_is_valid_and_a_bad_one_names_file_profile
             load_profile('p', settings=ini)
     ini.write_text('[p]\npretrained = a/b\ntasks = x\nadamerging_steps = 0\nwemoe_lr = 1e-9\nfisher_examples = 1\n')
     load_profile('p', settings=ini)   # the smallest allowed values
+
+
+# --- issue 54: the pre-check reads what the selected experiments read; the beyond-the-paper switch -------------------
+
+def test_the_pre_check_lists_only_what_the_selected_experiments_read(caches, monkeypatch):
+    "clip-vit-b32 offline with empty caches: `--only 00`'s message and cache advice name 00's sources, not experiment 10's CIFAR and STL."
+    from fusion_nb.reproduce.profiles import EXPERIMENT_ENV, profile_sources
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1'); monkeypatch.delenv(EXPERIMENT_ENV, raising=False); monkeypatch.delenv('JPY_SESSION_NAME', raising=False)
+    p = load_profile('clip-vit-b32', device='cpu')
+    ten = {'tanganke/clip-vit-base-patch32_cifar10', 'tanganke/clip-vit-base-patch32_stl10', 'dataset tanganke/cifar100'}
+    assert ten <= set(missing_from_cache(p))                                         # the whole profile: experiment 10's too
+    only00 = missing_from_cache(p, experiments=['00_individual'])
+    assert not ten & set(only00) and len(only00) == 1 + 8 + 8                         # CLIP, its eight experts, eight datasets
+    assert 'expert.cifar10' in [s.key for s in profile_sources(p, ['10'])] and 'expert.cifar10' in [s.key for s in profile_sources(p, '10')]
+    for how in ('argument', 'kernel'):   # the runner's selection, or the experiment its kernel runs
+        if how == 'kernel': monkeypatch.setenv(EXPERIMENT_ENV, '00_individual')
+        with pytest.raises(FusionError) as e: prepare(p, log=lambda s: None, **({'experiments': ['00_individual']} if how == 'argument' else {}))
+        msg = str(e.value)
+        assert '17 of its models/datasets (everything experiment 00_individual read)' in msg and 'cifar' not in msg and 'stl10' not in msg, how
+        assert '`fusion-nb reproduce --profile clip-vit-b32 --only 00_individual`' in msg
+    monkeypatch.delenv(EXPERIMENT_ENV)
+    with pytest.raises(FusionError, match='everything its experiments read'): prepare(p, log=lambda s: None)
+
+def test_the_beyond_switch_reaches_the_notebooks(tmp_path):
+    "The profile key `beyond` (on for tiny and micro, off for the paper-000 profiles, on when absent) is 01's and 04's parameter."
+    from fusion_nb.core import project_root
+    from fusion_nb.reproduce.fingerprints import experiment_parameters, notebook_parameters
+    from fusion_nb.reproduce.runner import sweep_points
+    exp = project_root()/'nbs'/'experiments'
+    notebooks = [exp/'01_multi_task_merging.ipynb', exp/'04_fusion_eight_tasks.ipynb']
+    for nb in notebooks: assert notebook_parameters(nb)['beyond']['default'] == 'None', nb.name   # None: the profile's key
+    for name, on in (('tiny', True), ('micro', True), ('clip-vit-b32', False), ('clip-vit-l14', False)):
+        p = load_profile(name)
+        assert p.beyond is on and all(experiment_parameters(nb, p)['beyond'] is on for nb in notebooks), name
+    assert experiment_parameters(notebooks[0], load_profile('tiny', beyond='off'))['beyond'] is False
+    assert 'beyond' not in experiment_parameters(exp/'00_individual.ipynb', load_profile('tiny'))   # only where a notebook declares it
+    assert sweep_points(notebooks[1], {'beyond': ['false', 'true']}, load_profile('clip-vit-b32')) == [{'beyond': False}, {'beyond': True}]
+    ini = tmp_path/'settings.ini'
+    ini.write_text("[own]\npretrained = ./m\ntasks = a\n[bad]\npretrained = ./m\ntasks = a\nbeyond = maybe\n")
+    assert load_profile('own', settings=ini).beyond is True                                  # absent: on, as before the switch
+    with pytest.raises(FusionError, match=r"profile 'bad': beyond = 'maybe' is invalid: expected true or false"): load_profile('bad', settings=ini)

@@ -134,6 +134,7 @@ def test_first_run_failure_leaves_no_output_folder(project):
     out = project/'outputs'/'demo'
     assert status == {'00_ok': 'ok', '01_flaky': 'failed'} and not (out/'01_flaky').exists()
     assert (out/'01_flaky.failed.ipynb').exists() and not leftovers(out)
+    assert (out/'01_flaky.partial'/'results.csv').read_text() == 'partial\n'   # what it wrote before failing, kept as partial
     assert '01_flaky.failed.ipynb); no outputs yet' in (out/'REPORT.md').read_text()
     assert json.loads((out/'01_flaky.failed.json').read_text())['error'] == 'RuntimeError: boom in experiment'
 
@@ -185,10 +186,10 @@ def test_paper_profile_offline_fails_at_once(tmp_path):
                        capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert r.returncode == 2, r.stderr
     import torch
-    if torch.cuda.is_available():
-        assert "profile 'clip-vit-b32' needs the Hugging Face Hub" in r.stderr and 'openai/clip-vit-base-patch32' in r.stderr
-    else:   # its device is checked first (issue 27): without a GPU nothing at paper scale runs here, hub or not
+    assert "profile 'clip-vit-b32' needs the Hugging Face Hub" in r.stderr and 'openai/clip-vit-base-patch32' in r.stderr
+    if not torch.cuda.is_available():   # the device first, and the missing sources in the same message (issue 54: one round trip)
         assert "profile 'clip-vit-b32': device 'cuda' requested but CUDA is not available" in r.stderr
+        assert r.stderr.index("device 'cuda'") < r.stderr.index('needs the Hugging Face Hub')
     # at once: no experiment started and nothing written (prepare() itself is checked in test_profiles)
     assert 'running' not in r.stdout and sorted((Path(__file__).parents[2]/'outputs'/'clip-vit-b32').rglob('*')) == before
 
@@ -488,3 +489,59 @@ def test_kernels_compute_under_compute_env(project, monkeypatch):
     assert status == {'00_a': 'ok'}, log
     seen = json.loads((project/'outputs'/'demo'/'00_a'/'env.json').read_text())
     assert seen == {**COMPUTE_ENV, 'OMP_WAIT_POLICY': 'ACTIVE'}
+
+# --- issue 54: an interrupted or failed experiment keeps what it finished, as a partial output -----------------------
+
+LONG_BODY = """
+from pathlib import Path
+Path(output_dir, 'table.md').write_text(f'| paper rows, batch {batch_size} |\\n|---|\\n| 1 |\\n')   # the paper's rows: done
+if should_fail == 'yes': raise RuntimeError('boom in the beyond block')
+if should_fail == 'interrupt': raise KeyboardInterrupt   # as a Ctrl-C in the kernel reads
+Path(output_dir, 'table_beyond.md').write_text('| beyond |\\n|---|\\n| 2 |\\n')
+"""
+
+def test_an_unfinished_run_keeps_what_it_finished_as_partial(project):
+    "A table written before a failure or a KeyboardInterrupt lands in <experiment>.partial/, listed in REPORT.md as partial;"
+    "the complete folder is replaced only whole, and the skip logic never reads the partial one."
+    write_nb(project/'nbs'/'experiments'/'02_long.ipynb', LONG_BODY)
+    out = project/'outputs'/'demo'
+    ini = lambda mode, batch=8: (project/'settings.ini').write_text(SETTINGS.replace('should_fail = no', f'should_fail = {mode}')
+                                                                    .replace('batch_size = 8', f'batch_size = {batch}'))
+    # interrupted on its first run: no complete folder, the finished table kept as partial, REPORT.md says so
+    ini('interrupt')
+    with pytest.raises(KeyboardInterrupt): run(project, only=['02'])
+    part = out/'02_long.partial'
+    assert not (out/'02_long').exists() and not leftovers(out)
+    assert (part/'table.md').read_text().startswith('| paper rows, batch 8 |') and not (part/'table_beyond.md').exists()
+    assert not (part/'inputs.json').exists()                       # nothing the skip logic could take for a complete run
+    assert json.loads((part/'partial.json').read_text())['stopped'] == 'interrupted'
+    assert '.tmp' not in (part/'run.ipynb').read_text() and str(part) in (part/'run.ipynb').read_text()
+    assert not (out/'02_long.failed.json').exists()                # an interrupt is not a failure
+    report = (out/'REPORT.md').read_text()
+    assert '**Partial outputs** (runs that did not finish, not complete results): 02_long.' in report
+    assert '## 02_long.partial' not in report and '| paper rows' not in report   # linked, never shown as a result
+    assert 'holds what an interrupted run' in report and '[table.md](02_long.partial/table.md)' in report
+    # the same inputs again: the partial folder does not count as done; the complete run removes it
+    ini('no')
+    status, log = run(project, only=['02'])
+    assert status == {'02_long': 'ok'} and '(no outputs yet)' in log
+    assert (out/'02_long'/'table_beyond.md').exists() and not part.exists()
+    assert 'Partial' not in (out/'REPORT.md').read_text()
+    # a failure late in a rerun with other inputs: the complete folder stays whole, the new finished table is partial
+    ini('yes', batch=9)
+    status, log = run(project, only=['02'])
+    assert status == {'02_long': 'failed'} and f'failed: what it finished is kept in {part}' in log
+    assert (out/'02_long'/'table.md').read_text().startswith('| paper rows, batch 8 |')   # the old complete run, untouched
+    assert (out/'02_long'/'table_beyond.md').exists()
+    assert (part/'table.md').read_text().startswith('| paper rows, batch 9 |') and not (part/'table_beyond.md').exists()
+    rec = json.loads((part/'partial.json').read_text())
+    assert rec['stopped'] == 'failed' and rec['error'] == 'RuntimeError: boom in the beyond block'
+    report = (out/'REPORT.md').read_text()
+    assert 'holds what a failed run' in report and '**Failed in the last run:** 02_long' in report
+    assert report.count('| paper rows, batch 8 |') == 1 and 'batch 9' not in report   # only the complete run's table is shown
+    # back to the complete run's inputs: still rerun (it failed since), never skipped on the partial folder's account
+    ini('no')
+    status, log = run(project, only=['02'])
+    assert status == {'02_long': 'ok'} and '(it failed in an earlier run)' in log and not part.exists()
+    assert run(project, only=['02'])[0] == {'02_long': 'skipped'}
+    assert not leftovers(out)
