@@ -340,7 +340,7 @@ def test_unwritable_output_root_and_only_options(project):
     with pytest.raises(UnknownNameError, match=r"no experiment named in \[''\]. Experiments: 00_ok, 01_flaky"): run(project, only=[''])
 
 def test_hand_run_of_an_experiment_writes_to_scratch(micro_project, tmp_path):
-    "The README's papermill example without output_dir: outputs/scratch/<profile>/<experiment>, never the runner's folder."
+    "The papermill example of nbs/guide/03_running.ipynb without output_dir: outputs/scratch/<profile>/<experiment>, never the runner's folder."
     import papermill
     nb = micro_project/'nbs'/'experiments'/'00_individual.ipynb'
     old = os.environ.get('FUSION_NB_ROOT'); os.environ['FUSION_NB_ROOT'] = str(micro_project)
