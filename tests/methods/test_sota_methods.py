@@ -65,3 +65,53 @@ def test_sota_values():
             ('iso_c', 'fusion_bench'): 82.8, ('iso_cts', 'fusion_bench'): 82.7, ('wudi_merging', 'task_vectors'): 85.2,
             ('wudi_merging', 'fusion_bench'): 84.5, ('cart', 'task_vectors'): 84.7, ('emr_merging', 'task_vectors'): 88.7}
     assert {(r.method, r.lineage): r.value for r in mine.itertuples()} == want
+
+# --- issue 49: CART and Consensus TIES as their authors' code runs them ---------------------------------------------------
+
+def clip_pool(names, n_experts=3, seed=0):
+    "A toy pool with real CLIP key names: embeddings, position embedding, projection, norms, biases, attention and MLP."
+    g = torch.Generator().manual_seed(seed)
+    pre = {k: torch.randn(s, generator=g, dtype=torch.float64) for k, s in names.items()}
+    experts = {f'task_{i}': {k: v + 0.1 * torch.randn(v.shape, generator=g, dtype=torch.float64) for k, v in pre.items()}
+               for i in range(n_experts)}
+    return pre, experts
+
+HF_CLIP = {'vision_model.embeddings.class_embedding': (16,), 'vision_model.embeddings.patch_embedding.weight': (16, 3, 2, 2),
+           'vision_model.embeddings.position_embedding.weight': (10, 16), 'vision_model.pre_layrnorm.weight': (16,),
+           'vision_model.encoder.layers.0.self_attn.q_proj.weight': (16, 16), 'vision_model.encoder.layers.0.self_attn.q_proj.bias': (16,),
+           'vision_model.encoder.layers.0.self_attn.out_proj.weight': (16, 16), 'vision_model.encoder.layers.0.layer_norm1.weight': (16,),
+           'vision_model.encoder.layers.0.mlp.fc1.weight': (40, 16), 'vision_model.encoder.layers.0.mlp.fc1.bias': (40,),
+           'vision_model.encoder.layers.0.mlp.fc2.weight': (16, 40), 'vision_model.post_layernorm.bias': (16,),
+           'visual_projection.weight': (12, 16)}
+OPEN_CLIP = {'model.visual.class_embedding': (16,), 'model.visual.positional_embedding': (10, 16), 'model.visual.proj': (16, 12),
+             'model.visual.conv1.weight': (16, 3, 2, 2), 'model.visual.ln_pre.weight': (16,),
+             'model.visual.transformer.resblocks.0.ln_1.weight': (16,), 'model.visual.transformer.resblocks.0.ln_1.bias': (16,),
+             'model.visual.transformer.resblocks.0.attn.in_proj_weight': (48, 16),
+             'model.visual.transformer.resblocks.0.attn.in_proj_bias': (48,),
+             'model.visual.transformer.resblocks.0.attn.out_proj.weight': (16, 16),
+             'model.visual.transformer.resblocks.0.mlp.c_fc.weight': (40, 16), 'model.visual.transformer.resblocks.0.mlp.c_proj.weight': (16, 40)}
+
+def authors_cart(pre, experts, prior=2.0, rank_ratio=0.12):
+    "JH-GEECS/CART src/merging.py, StaticMergeModule._merge_weights('CART') with _get_truncated_task_vectors, naively."
+    taus = [{k: e[k] - pre[k] for k in pre} for e in experts.values()]
+    avg = {k: pre[k] + sum(t[k] for t in taus) / len(taus) for k in pre}            # _get_origin(1 / T)
+    low = {k: torch.zeros_like(v) for k, v in pre.items()}
+    for t in taus:
+        for key, value in t.items():
+            val = value + pre[key] - avg[key]                                         # move_origin: θᵢ − θ̄
+            if ('attn' in key or 'mlp' in key) and not ('ln' in key or 'bias' in key):
+                U, s, V_T = torch.linalg.svd(val, full_matrices=False)
+                k = max(1, int(rank_ratio * s.shape[0]))
+                val = (U[:, :k] * s[:k]) @ V_T[:k, :]
+            low[key] += val
+    return {k: avg[k] + prior * low[k] for k in pre}
+
+@pytest.mark.parametrize('names', [HF_CLIP, OPEN_CLIP], ids=['hf', 'open_clip'])
+def test_cart_is_the_authors_procedure(names):
+    "Defaults prior 2.0 / rank ratio 0.12, low rank only on attn/mlp weights, k = max(1, ⌊ratio·r⌋); the rest θ̄."
+    pre, experts = clip_pool(names)
+    want, got = authors_cart(pre, experts), merge('cart', pre, experts, progress=False)
+    for k in pre: assert torch.allclose(got[k].double(), want[k], atol=1e-6), k
+    want = authors_cart(pre, experts, prior=0.7, rank_ratio=0.3)   # ⌊0.3·16⌋ = 4 against ⌈4.8⌉ = 5
+    got = merge('cart', pre, experts, rank_ratio=0.3, scaling=0.7, progress=False)
+    for k in pre: assert torch.allclose(got[k].double(), want[k], atol=1e-6), k
