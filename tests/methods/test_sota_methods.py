@@ -115,3 +115,36 @@ def test_cart_is_the_authors_procedure(names):
     want = authors_cart(pre, experts, prior=0.7, rank_ratio=0.3)   # ⌊0.3·16⌋ = 4 against ⌈4.8⌉ = 5
     got = merge('cart', pre, experts, rank_ratio=0.3, scaling=0.7, progress=False)
     for k in pre: assert torch.allclose(got[k].double(), want[k], atol=1e-6), k
+
+def authors_ties(T, reset_thresh=20):
+    "nik-dim/tall_masks src/utils/ties_utils.py ties_merging(reset_thresh=20, merge_func='dis-sum'), naively."
+    n, d = T.shape
+    kth = T.abs().kthvalue(d - int(d * reset_thresh / 100), dim=1, keepdim=True).values   # topk_values_mask
+    M = T * (T.abs() >= kth)
+    sign = torch.sign(M.sum(0)); sign[sign == 0] = torch.sign(sign.sum())                # resolve_sign, 'majority'
+    keep = torch.where(sign.unsqueeze(0) > 0, M > 0, M < 0)
+    return (M * keep).sum(0)
+
+def authors_consensus_ties(P, FT, prun_thre_k=2, tall_lambda=0.6, alpha=0.3):
+    "aggregation.py, method 'tall_mask' then 'consensus' with use_ties=True: masks against θ₀ + τ_TIES, applied to τ_TIES."
+    T = FT - P
+    merged_tv = authors_ties(T)
+    flat_multi = P + merged_tv
+    masks = (P - FT).abs() > (flat_multi - FT).abs() * tall_lambda                        # generate_task_masks
+    consensus = masks.float().sum(0) >= prun_thre_k                                       # construct_consensus_mask
+    return P + alpha * merged_tv * consensus
+
+def test_consensus_ties_is_the_authors_procedure():
+    pre, experts = clip_pool({**HF_CLIP, 'vision_model.encoder.layers.0.mlp.fc2.bias': (4,)}, n_experts=4, seed=3)   # d = 2460
+    P = flat_vector(pre); FT = torch.stack([flat_vector(e) for e in experts.values()])
+    assert (P.numel() * 20) % 100 == 0   # the authors keep int(0.2·d) per task, this project ⌈0.2·d⌉: equal here
+    for k in [1, 2, 3]:
+        got = flat_vector(merge('consensus_ties', pre, experts, consensus_k=k, progress=False))
+        assert torch.allclose(got, authors_consensus_ties(P, FT, prun_thre_k=k), atol=1e-6), k
+
+def test_consensus_k_above_the_number_of_experts_is_refused():
+    "Issue 51, item 4: more than n tasks can never hold a weight, so the merge was the pretrained model, silently."
+    pre, experts = toy_pool(3, seed=1)
+    for name in ['consensus_ta', 'consensus_ties']:
+        with pytest.raises(ValueError, match=r'consensus_k=4 .*3 experts'): merge(name, pre, experts, consensus_k=4, progress=False)
+        assert set(merge(name, pre, experts, consensus_k=3, progress=False)) == set(pre)
