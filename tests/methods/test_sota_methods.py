@@ -148,3 +148,43 @@ def test_consensus_k_above_the_number_of_experts_is_refused():
     for name in ['consensus_ta', 'consensus_ties']:
         with pytest.raises(ValueError, match=r'consensus_k=4 .*3 experts'): merge(name, pre, experts, consensus_k=4, progress=False)
         assert set(merge(name, pre, experts, consensus_k=3, progress=False)) == set(pre)
+
+# --- issue 49: PCB's sota row as the authors' vision script runs it ------------------------------------------------------
+
+def _normalize(x):   # vision_source_code/pcb.py normalize(x, dim=1): each row's min–max (0/0 → 0, this project's choice)
+    lo, hi = x.min(1, keepdim=True).values, x.max(1, keepdim=True).values
+    return torch.nan_to_num((x - lo) / (hi - lo))
+
+def _clamp(x, min_ratio, max_ratio):   # vision_source_code/pcb.py clamp(x, min_ratio, max_ratio), rows
+    d = x.shape[1]; s = x.sort(1).values
+    return torch.clamp(x, s[:, int(d * min_ratio)].unsqueeze(1), s[:, int(d * (1 - max_ratio) - 1)].unsqueeze(1))
+
+def authors_pcb_vision(T, att_ratio=0.05, lam=1.2):
+    "duguodong7/pcb-merging vision_source_code/pcb.py, __main__, naively: 1 % clamp, normalised inter term, λ = 1.2."
+    n, d = T.shape
+    a = _clamp(T.abs(), 0.01, 0.01); clamped = torch.sign(T) * a
+    normalized = torch.sign(T) * _normalize(a)
+    intra = torch.exp(n * _normalize(a) ** 2)
+    inter = torch.tanh(T * normalized.sum(0))
+    scale = _normalize(_clamp(intra * inter, 1 - att_ratio, 0))
+    tvs = clamped * lam
+    return (tvs * scale).sum(0) / torch.clamp(scale.sum(0), min=1e-12)
+
+def authors_pcb_es_scores(T, pcb_ratio=0.05):
+    "vision_source_code/pcb_ES.py PCB(all_checks, pcb_ratio): the inter term Σⱼ tanh(τ̂ᵢ ⊙ τ̂ⱼ); the merge at λ = 1."
+    n, d = T.shape
+    a = _clamp(T.abs(), 0.01, 0.01); clamped = torch.sign(T) * a
+    normalized = torch.sign(T) * _normalize(a)
+    intra = torch.exp(n * _normalize(a) ** 2)
+    inter = torch.vstack([torch.tanh(normalized[i] * normalized).sum(0) for i in range(n)])
+    scale = _normalize(_clamp(intra * inter, 1 - pcb_ratio, 0))
+    return (clamped * scale).sum(0) / torch.clamp(scale.sum(0), min=1e-12)
+
+def test_pcb_sota_row_is_the_vision_script():
+    pre, experts = clip_pool(HF_CLIP, n_experts=4, seed=7)
+    P = flat_vector(pre); T = torch.stack([flat_vector(e) for e in experts.values()]) - P
+    row = MERGE_METHODS['pcb_merging'].papers['sota']
+    got = flat_vector(merge('pcb_merging', pre, experts, progress=False, **row))
+    assert torch.allclose(got, P + authors_pcb_vision(T), atol=1e-6)
+    got = flat_vector(merge('pcb_merging', pre, experts, progress=False, **{**row, 'inter_balancing': 'pairwise', 'scaling_factor': 1.0}))
+    assert torch.allclose(got, P + authors_pcb_es_scores(T), atol=1e-6)
