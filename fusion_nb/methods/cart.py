@@ -14,7 +14,7 @@ from .registry import Hyper, MergeMethod, declare
 from .tsv_iso import svd
 
 # %% auto #0
-__all__ = ['cart', 'low_rank', 'cart_matrix']
+__all__ = ['cart', 'low_rank', 'cart_rank', 'cart_matrix', 'cart_low_rank_key']
 
 # %% ../../nbs/methods/51_cart.ipynb #7ba89d5c
 def low_rank(x:Tensor, # (m, n) matrix
@@ -25,31 +25,52 @@ def low_rank(x:Tensor, # (m, n) matrix
     return u[:, :k] @ torch.diag(s[:k]) @ vh[:k]
 
 # %% ../../nbs/methods/51_cart.ipynb #ad0c22a3
+def cart_rank(rank_ratio:float, # k / r
+              r:int, # the matrix's rank bound, min(m, n)
+              rounding:str='floor', # 'floor': the authors' max(1, int(ratio·r)); 'ceil': ⌈ratio·r⌉ (before issue 49)
+             )->int:
+    "The rank kept of an (m, n) matrix: at least 1, at most r."
+    k = int(rank_ratio * r) if rounding == 'floor' else math.ceil(rank_ratio * r - 1e-9)
+    return min(r, max(1, k))
+
 def cart_matrix(ws:list[Tensor], # the experts' weights of one layer, each (m, n)
                 rank_ratio:float, # k / r
                 scaling:float, # λ
+                rounding:str='floor', # see `cart_rank`
                )->Tensor:
     "CART for one layer: θ̄ + λ Σᵢ SVD_k(θᵢ − θ̄), θ̄ the experts' mean."
     avg = sum(ws) / len(ws)
-    k = max(1, math.ceil(rank_ratio * min(avg.shape) - 1e-9))   # ⌈ratio·r⌉, at least 1
+    k = cart_rank(rank_ratio, min(avg.shape), rounding)
     return avg + scaling * sum(low_rank(w - avg, k) for w in ws)
 
 # %% ../../nbs/methods/51_cart.ipynb #0d466b7f
+def cart_low_rank_key(key:str)->bool:
+    "The authors' test for a tensor CART truncates: an attention or MLP weight, not a layer norm or a bias."
+    return ('attn' in key or 'mlp' in key) and not ('ln' in key or 'bias' in key)
+
+# %% ../../nbs/methods/51_cart.ipynb #edb963d8
 def _cart_rule(pretrained, experts,
-               rank_ratio:float=0.08, # k / r, the share of each layer's rank kept of every centred task vector
-               scaling:float=1.0, # λ, the scale of the summed low-rank centred task vectors
+               rank_ratio:float=0.12, # k / r, the share of each matrix's rank kept of every centred task vector
+               scaling:float=2.0, # λ, the scale of the summed low-rank centred task vectors
+               # 'attn_mlp': the authors' tensors and k = max(1, ⌊ratio·r⌋); 'every_matrix': every 2-D tensor, k = ⌈ratio·r⌉
+               low_rank_on:str='attn_mlp',
               ):
-    "Per tensor: CART on 2-D tensors, the experts' mean on the others."
+    "Per tensor: CART on the tensors `low_rank_on` picks, the experts' mean on the others."
+    authors = low_rank_on == 'attn_mlp'
     def merge_tensor(key, pre, ts):
         ws = list(ts.values())
-        return cart_matrix(ws, rank_ratio, scaling) if ws[0].ndim == 2 else sum(ws) / len(ws)
+        picked = ws[0].ndim == 2 and (cart_low_rank_key(key) or not authors)
+        return cart_matrix(ws, rank_ratio, scaling, 'floor' if authors else 'ceil') if picked else sum(ws) / len(ws)
     return merge_tensor
 
 # %% ../../nbs/methods/51_cart.ipynb #4c3d9d0d
 cart = declare(MergeMethod(
-    'cart', 'CART', 'Centred task arithmetic with rank-reduced task vectors: per matrix θ̄ + λ Σᵢ SVD_k(θᵢ − θ̄); other tensors θ̄.',
+    'cart', 'CART', 'Centred task arithmetic with rank-reduced task vectors: per attention/MLP matrix θ̄ + λ Σᵢ SVD_k(θᵢ − θ̄); other tensors θ̄.',
     'training-free',
-    hypers={'rank_ratio': Hyper(source="the authors' code, configs/CART/ViT-b-32_8_CART.yaml: initial_merge_rank_ratio 0.08", type=float,
-                                interval='(0, 1]'),
-            'scaling': Hyper(source="the authors' code, configs/CART/ViT-b-32_8_CART.yaml: initial_merge_coeff 1.0", type=float)},
+    hypers={'rank_ratio': Hyper(source="the authors' code: src/merging.py reads config.initial_rank_ratio; "
+                                       "configs/CART/ViT-b-32_8_CART.yaml: initial_rank_ratio: 0.12", type=float, interval='(0, 1]'),
+            'scaling': Hyper(source="the authors' code: src/merging.py, merge_coeff = self.config.prior; "
+                                    "configs/CART/ViT-b-32_8_CART.yaml: prior: 2.0", type=float),
+            'low_rank_on': Hyper(source="the authors' code: _get_truncated_task_vectors; 'every_matrix' is this project's "
+                                        "rule before issue 49 (a deviation)", type=str, choices=('attn_mlp', 'every_matrix'))},
     rule=_cart_rule, needs_pretrained=False, min_experts=2, papers={'sota': {}}))

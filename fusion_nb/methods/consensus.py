@@ -9,34 +9,48 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..core import HyperparameterError
 from .registry import Hyper, MergeMethod, declare
 from .ties import TIES_HYPERS, _ties_rule
 
 # %% auto #0
-__all__ = ['CONSENSUS_HYPERS', 'consensus_ta', 'consensus_ties', 'tall_task_masks', 'consensus_mask']
+__all__ = ['CONSENSUS_HYPERS', 'consensus_ta', 'consensus_ties', 'tall_task_masks', 'consensus_mask', 'check_consensus_k']
 
 # %% ../../nbs/methods/44_consensus.ipynb #03f4c9df
 def tall_task_masks(taus:Tensor, # (n_tasks, ...) task vectors of one tensor
-               lam:float, # λ
-              )->Tensor:
-    "Each task's TALL mask |τₜ| ≥ λ·|Σₛ τₛ − τₜ| (bool, same shape as `taus`)."
-    return taus.abs() >= lam * (taus.sum(0) - taus).abs()
+                    lam:float, # λ
+                    mtl:Tensor|None=None, # the multi-task vector the masks are built against (default: Σₜ τₜ)
+                   )->Tensor:
+    "Each task's TALL mask |τₜ| ≥ λ·|τ_MTL − τₜ| (bool, same shape as `taus`)."
+    return taus.abs() >= lam * ((taus.sum(0) if mtl is None else mtl) - taus).abs()
 
 # %% ../../nbs/methods/44_consensus.ipynb #013c8e74
 def consensus_mask(taus:Tensor, # (n_tasks, ...) task vectors
                    lam:float, # λ of the TALL masks
                    k:int, # least number of tasks whose masks must hold a weight
+                   mtl:Tensor|None=None, # the multi-task vector of the TALL masks (default: Σₜ τₜ)
                   )->Tensor:
     "Weights held by at least `k` tasks' TALL masks."
-    return tall_task_masks(taus, lam).sum(0) >= k
+    return tall_task_masks(taus, lam, mtl).sum(0) >= k
 
 # %% ../../nbs/methods/44_consensus.ipynb #a6eab060
+def check_consensus_k(method:str, # the merge method, for the message
+                      consensus_k:int, # least number of tasks whose TALL masks hold a weight
+                      experts:dict, # name → model
+                     ):
+    "Refuse a `consensus_k` above the number of experts: no weight could be kept, and the merge would be θ₀."
+    if consensus_k > len(experts):
+        raise HyperparameterError(f"{method}: consensus_k={consensus_k} is more than the number of experts ({len(experts)} experts: "
+                                  f"{', '.join(experts)}): no weight can be in {consensus_k} tasks' TALL masks, so the merge "
+                                  f"would be the pretrained model; use consensus_k between 0 and {len(experts)}")
+
 def _consensus_ta_rule(pretrained, experts,
                        consensus_k:int=2, # least number of tasks whose TALL masks hold a weight
                        tall_lambda:float=0.6, # λ of the TALL masks
                        scaling_factor:float=0.3, # α on the masked multi-task vector
                       ):
     "Per tensor θ₀ + α·m_cons ⊙ Σₜ τₜ."
+    check_consensus_k('consensus_ta', consensus_k, experts)
     def merge_tensor(key, pre, ts):
         taus = torch.stack([t - pre for t in ts.values()])
         return pre + scaling_factor * consensus_mask(taus, tall_lambda, consensus_k) * taus.sum(0)
@@ -50,13 +64,17 @@ def _consensus_ties_rule(pretrained, experts,
                          k:float=20, # percent of each task vector kept by trimming
                          trim_scope:str='model', # TIES trimming over the whole model
                          disjoint:str='sum', # TIES disjoint merge
+                         # 'merged': masks against θ₀ + τ_TIES (the authors); 'task_sum': against θ₀ + Σₜ τₜ (before issue 49)
+                         masks_against:str='merged',
                          *, info, runtime):
-    "Per tensor θ₀ + α·m_cons ⊙ τ_TIES (TIES with λ = 1, its thresholds over the whole model)."
+    "Per tensor θ₀ + α·m_cons ⊙ τ_TIES (TIES with λ = 1, its thresholds over the whole model), masks against τ_TIES."
+    check_consensus_k('consensus_ties', consensus_k, experts)
     ties = _ties_rule(pretrained, experts, scaling_factor=1.0, k=k, trim_scope=trim_scope, disjoint=disjoint,
                       thresholds=None, delta_transform=None, rounding='ceil', info=info, runtime=runtime)
     def merge_tensor(key, pre, ts):
-        mask = consensus_mask(torch.stack([t - pre for t in ts.values()]), tall_lambda, consensus_k)
-        return pre + scaling_factor * mask * (ties(key, pre, ts) - pre)
+        tau_ties = ties(key, pre, ts) - pre
+        mtl = tau_ties if masks_against == 'merged' else None
+        return pre + scaling_factor * consensus_mask(torch.stack([t - pre for t in ts.values()]), tall_lambda, consensus_k, mtl) * tau_ties
     return merge_tensor
 
 # %% ../../nbs/methods/44_consensus.ipynb #e275367a
@@ -72,9 +90,12 @@ consensus_ta = declare(MergeMethod(
 
 # %% ../../nbs/methods/44_consensus.ipynb #10285b0a
 consensus_ties = declare(MergeMethod(
-    'consensus_ties', 'Consensus TIES', 'θ = θ₀ + α·m_cons ⊙ τ_TIES (top-20 % per task, elected signs, disjoint sum).', 'training-free',
+    'consensus_ties', 'Consensus TIES', 'θ = θ₀ + α·m_cons ⊙ τ_TIES (top-20 % per task, elected signs, disjoint sum; TALL masks against τ_TIES).', 'training-free',
     hypers={**CONSENSUS_HYPERS, 'k': TIES_HYPERS['k'],
             'trim_scope': Hyper(source="authors' code: ties_merging on flattened models", type=str,
                                 choices=('model', 'tensor')),
-            'disjoint': Hyper(source="authors' code: merge_func='dis-sum'", type=str, choices=('mean', 'sum'))},
+            'disjoint': Hyper(source="authors' code: merge_func='dis-sum'", type=str, choices=('mean', 'sum')),
+            'masks_against': Hyper(source="authors' code: generate_task_masks(..., tv=merged_tv), merged_tv = ties_merging(...); "
+                                          "'task_sum' is this project's rule before issue 49 (a deviation)",
+                                   type=str, choices=('merged', 'task_sum'))},
     rule=_consensus_ties_rule, min_experts=1, papers={'sota': {}}))

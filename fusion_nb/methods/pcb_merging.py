@@ -13,10 +13,10 @@ from tqdm.auto import tqdm
 
 from ..algebra import tensor_meta
 from .registry import Hyper, MergeMethod, declare, read_tensor
-from .ties import streaming_kth_largest, _float_keys
+from .ties import streaming_kth_largest, _float_keys, _selection_dtype
 
 # %% auto #0
-__all__ = ['pcb_merging', 'pcb_scores', 'pcb_combine', 'ascending_at', 'pcb_bounds']
+__all__ = ['PCB_VISION', 'pcb_merging', 'pcb_scores', 'pcb_combine', 'ascending_at', 'pcb_bounds']
 
 # %% ../../nbs/methods/45_pcb_merging.ipynb #cfe001c1
 def _minmax(x:Tensor, lo:Tensor, hi:Tensor)->Tensor:
@@ -27,10 +27,16 @@ def _minmax(x:Tensor, lo:Tensor, hi:Tensor)->Tensor:
 # %% ../../nbs/methods/45_pcb_merging.ipynb #944e1b22
 def pcb_scores(taus:Tensor, # (n, d) task vectors
                lo:Tensor, hi:Tensor, # (n, 1) each task's clamp bounds of |τ|
+               inter:str='sum', # 'sum' (pcb-merging.py), 'normalized' (vision pcb.py) or 'pairwise' (pcb_ES.py)
               )->tuple[Tensor, Tensor]:
-    "Steps 1–3: the clamped task vectors and the unclipped scores exp(n·mm(a)²)·tanh(τ ⊙ Σⱼτⱼ)."
+    "Steps 1–3: the clamped task vectors and the unclipped scores exp(n·mm(a)²)·inter."
     a = torch.maximum(torch.minimum(taus.abs(), hi), lo)
-    return taus.sign() * a, torch.exp(len(taus) * _minmax(a, lo, hi) ** 2) * torch.tanh(taus * taus.sum(0))
+    mm = _minmax(a, lo, hi)
+    if inter == 'sum': x = torch.tanh(taus * taus.sum(0))
+    else:
+        tn = taus.sign() * mm   # τ̂: the sign times the normalised clamped magnitude
+        x = torch.tanh(taus * tn.sum(0)) if inter == 'normalized' else torch.stack([torch.tanh(t * tn).sum(0) for t in tn])
+    return taus.sign() * a, torch.exp(len(taus) * mm ** 2) * x
 
 # %% ../../nbs/methods/45_pcb_merging.ipynb #e18a0ef2
 def pcb_combine(clamped:Tensor, scores:Tensor, # from `pcb_scores`
@@ -46,9 +52,10 @@ def ascending_at(x:Tensor, i:int)->Tensor:
     return x.sort(dim=1).values[:, i].unsqueeze(1)
 
 # %% ../../nbs/methods/45_pcb_merging.ipynb #8aa339d4
-def pcb_bounds(pretrained, experts:dict, ratio:float, clamp_ratio:float, progress:bool=True, device=None)->dict:
+def pcb_bounds(pretrained, experts:dict, ratio:float, clamp_ratio:float, progress:bool=True, device=None, inter:str='sum')->dict:
     "Per task over the whole model: the |τ| clamp bounds and the score's (1 − r) quantile and maximum (4 streamed passes)."
     keys, names = _float_keys(pretrained), list(experts)
+    sel = _selection_dtype(pretrained, keys)   # float64 models: select in float64, or a score at the quantile would round below it
     d = sum(math.prod(tensor_meta(pretrained, k)[0]) for k in keys)
     def taus(desc):
         for key in tqdm(keys, desc=desc, disable=not progress, leave=False):
@@ -60,16 +67,16 @@ def pcb_bounds(pretrained, experts:dict, ratio:float, clamp_ratio:float, progres
         for t in taus('PCB |τ| quantiles'):
             for i, n in enumerate(names): yield f'{n}\x1flo', t[i].abs(); yield f'{n}\x1fhi', t[i].abs()
     q = streaming_kth_largest(pass_abs, {**{f'{n}\x1flo': d - int(d * clamp_ratio) for n in names},
-                                         **{f'{n}\x1fhi': d - int(d * (1 - clamp_ratio)) + 1 for n in names}})
-    lo, hi = (torch.tensor([[q[f'{n}\x1f{b}']] for n in names]) for b in ('lo', 'hi'))
+                                         **{f'{n}\x1fhi': d - int(d * (1 - clamp_ratio)) + 1 for n in names}}, sel)
+    lo, hi = (torch.tensor([[q[f'{n}\x1f{b}']] for n in names], dtype=torch.float64) for b in ('lo', 'hi'))
     def pass_scores():
         for t in taus('PCB score quantiles'):
-            s = pcb_scores(t, lo.to(t), hi.to(t))[1]
+            s = pcb_scores(t, lo.to(t), hi.to(t), inter)[1]
             s = torch.where(s > 0, s, torch.zeros_like(s))   # max(s, 0) without −0.0 (its sign bit would break radix selection)
             for i, n in enumerate(names): yield f'{n}\x1fq', s[i]; yield f'{n}\x1fmax', s[i]
     q2 = streaming_kth_largest(pass_scores, {**{f'{n}\x1fq': d - int(d * (1 - ratio)) for n in names},
-                                             **{f'{n}\x1fmax': 1 for n in names}})
-    col = lambda q, b: torch.tensor([[q[f'{n}\x1f{b}']] for n in names])
+                                             **{f'{n}\x1fmax': 1 for n in names}}, sel)
+    col = lambda q, b: torch.tensor([[q[f'{n}\x1f{b}']] for n in names], dtype=torch.float64)   # exact for float64 models
     return dict(lo=lo, hi=hi, s_lo=col(q2, 'q'), s_hi=col(q2, 'max'))
 
 # %% ../../nbs/methods/45_pcb_merging.ipynb #0180295b
@@ -77,12 +84,14 @@ def _pcb_rule(pretrained, experts,
               pcb_ratio:float=0.1, # r: fraction of each task vector kept (by score)
               clamp_ratio:float=0.0001, # fraction of the smallest and of the largest |τ| clamped
               scaling_factor:float=1.0, # λ
-              # 'model': quantiles over the whole model (authors); 'tensor': per tensor (mergekit's pcb.py)
+              # 'sum': tanh(τᵢ ⊙ Σⱼτⱼ) (pcb-merging.py); 'normalized': tanh(τᵢ ⊙ Σⱼτ̂ⱼ) (pcb.py); 'pairwise': Σⱼ tanh(τ̂ᵢ ⊙ τ̂ⱼ) (pcb_ES.py)
+              inter_balancing:str='sum',
+              # 'model': quantiles over the whole model (authors); 'tensor': per tensor (this project's option)
               scope:str='model',
               *, runtime):
     "Per tensor θ₀ + λ·τ_PCB, with the bounds of the whole model (scope 'model') or of the tensor (scope 'tensor')."
-    r, c, names = pcb_ratio, clamp_ratio, list(experts)
-    b = pcb_bounds(pretrained, experts, r, c, runtime['progress'], runtime['device']) if scope == 'model' else None
+    r, c, names, ib = pcb_ratio, clamp_ratio, list(experts), inter_balancing
+    b = pcb_bounds(pretrained, experts, r, c, runtime['progress'], runtime['device'], ib) if scope == 'model' else None
     def merge_tensor(key, pre, ts):
         taus = torch.stack([ts[n] - pre for n in names]).reshape(len(names), -1)   # 0-d tensors too
         if taus.shape[1] == 0: return pre.clone()
@@ -90,20 +99,25 @@ def _pcb_rule(pretrained, experts,
             d, a = taus.shape[1], taus.abs()
             lo, hi = ascending_at(a, int(d * c)), ascending_at(a, int(d * (1 - c)) - 1)
         else: lo, hi = b['lo'].to(taus), b['hi'].to(taus)
-        clamped, s = pcb_scores(taus, lo, hi)
+        clamped, s = pcb_scores(taus, lo, hi, ib)
         if b is None: s_lo, s_hi = ascending_at(s, int(s.shape[1] * (1 - r))), s.max(1, keepdim=True).values
         else: s_lo, s_hi = b['s_lo'].to(s), b['s_hi'].to(s)
         return pre + scaling_factor * pcb_combine(clamped, s, s_lo, s_hi).reshape(pre.shape)
     return merge_tensor
 
 # %% ../../nbs/methods/45_pcb_merging.ipynb #d8b110ac
+PCB_VISION = {'pcb_ratio': 0.05, 'clamp_ratio': 0.01, 'inter_balancing': 'normalized', 'scaling_factor': 1.2}   # vision_source_code/pcb.py
+
 pcb_merging = declare(MergeMethod(
     'pcb_merging', 'PCB Merging', 'PCB: intra- and inter-balanced scores, top-r per task, score-weighted mean of the task vectors, scaled by λ.',
     'training-free', hypers={
-        'pcb_ratio': Hyper(source="authors' pcb_merging(…, pcb_ratio=0.1)", type=float, interval='(0, 1]'),
-        'clamp_ratio': Hyper(source="authors' code: clamp(min_ratio=0.0001, max_ratio=0.0001)", type=float,
-                             interval='[0, 0.5)'),
-        'scaling_factor': Hyper(source="ours: the balanced mean itself (the authors search λ by evolution strategy)",
-                                type=float),
+        'pcb_ratio': Hyper(source="authors' pcb-merging.py: PCB_merge(…, pcb_ratio=0.1) (vision pcb.py: att_ratio = 0.05)",
+                           type=float, interval='(0, 1]'),
+        'clamp_ratio': Hyper(source="authors' pcb-merging.py: clamp(min_ratio=0.0001, max_ratio=0.0001) (vision scripts: 0.01)",
+                             type=float, interval='[0, 0.5)'),
+        'scaling_factor': Hyper(source="authors' pcb-merging.py: the balanced mean itself (vision pcb.py: lams 1.2; pcb_ES.py: "
+                                       "searched per task on validation)", type=float),
+        'inter_balancing': Hyper(source="authors' pcb-merging.py: cross_pcb = all_checks * torch.sum(all_checks, dim=0)", type=str,
+                                 choices=('sum', 'normalized', 'pairwise')),
         'scope': Hyper(source="authors' code", type=str, choices=('model', 'tensor'))},
-    rule=_pcb_rule, min_experts=1, papers={'sota': {'pcb_ratio': 0.05}}))
+    rule=_pcb_rule, min_experts=1, papers={'sota': PCB_VISION}))

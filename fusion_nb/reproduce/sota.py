@@ -15,7 +15,8 @@ from ..core import FusionError, project_root
 from ..merge import MERGE_METHODS
 
 # %% auto #0
-__all__ = ['SOTA_COLUMNS', 'load_sota_values', 'sota_rows', 'is_task_conditional', 'evaluation_rows', 'sota_table']
+__all__ = ['SOTA_COLUMNS', 'PROFILE_LINEAGE', 'load_sota_values', 'sota_rows', 'is_task_conditional', 'evaluation_rows',
+           'published_numbers', 'sota_table']
 
 # %% ../../nbs/reproduce/97_sota.ipynb #431921c8
 SOTA_COLUMNS = ['method', 'value', 'paper', 'table', 'lineage', 'model']
@@ -69,17 +70,32 @@ def evaluation_rows(results:Mapping[str, Any], # row → merge result
     return models, per_task
 
 # %% ../../nbs/reproduce/97_sota.ipynb #733cb57a
+PROFILE_LINEAGE = {'clip-vit-b32': 'fusion_bench', 'clip-vit-l14': 'fusion_bench'}   # the paper profiles merge FusionBench's experts
+
+def published_numbers(values:pd.DataFrame, # `load_sota_values()`
+                      model:str='clip-vit-b32', # whose published numbers
+                      lineage:str|None=None, # the lineage the table is held against (default: the profile's experts')
+                     )->pd.DataFrame:
+    "Per method: the number on `lineage` where one exists (else the paper's), and the paper's own number beside it."
+    lineage = lineage or PROFILE_LINEAGE.get(model)
+    v = values[values['model'] == model]
+    own = v[v['lineage'] != lineage].drop_duplicates('method').set_index('method')   # the authors' papers, on their checkpoints
+    same = v[v['lineage'] == lineage].drop_duplicates('method').set_index('method')
+    pick = pd.concat([same, own[~own.index.isin(same.index)]])
+    return pd.DataFrame({'published Avg.': pick['value'], 'lineage': pick['lineage'], 'paper': pick['paper'],
+                         "paper's Avg.": own['value'].reindex(pick.index), "paper's lineage": own['lineage'].reindex(pick.index)})
+
+# %% ../../nbs/reproduce/97_sota.ipynb #bc4db12e
 def sota_table(table:pd.DataFrame, # method → per-task accuracies and 'Avg.' (`method_task_table`)
                values:pd.DataFrame, # `load_sota_values()`
                conditional:Sequence[str]=(), # rows whose results were task-conditional: marked †
                model:str='clip-vit-b32', # whose published numbers to show
+               lineage:str|None=None, # the lineage to hold the rows against (default: the profile's experts', `PROFILE_LINEAGE`)
               )->pd.DataFrame:
-    "The block's table: reproduced Avg., the published Avg. with its lineage and paper, and both rankings (among rows with a number)."
-    v = values[values['model'] == model].drop_duplicates('method').set_index('method')
-    out = pd.DataFrame({'Avg.': table['Avg.'], 'published Avg.': v['value'].reindex(table.index),
-                        'lineage': v['lineage'].reindex(table.index), 'paper': v['paper'].reindex(table.index)})
+    "The block's table: reproduced Avg., the published Avg. (same lineage where one exists) with its lineage and paper, the paper's own number, and both rankings within each lineage."
+    out = pd.DataFrame({'Avg.': table['Avg.']}).join(published_numbers(values, model, lineage))
     pub = out['published Avg.'].notna()
-    out['rank here'] = out.loc[pub, 'Avg.'].rank(ascending=False, method='min')
-    out['rank published'] = out.loc[pub, 'published Avg.'].rank(ascending=False, method='min')
+    for col, rank in [('Avg.', 'rank here'), ('published Avg.', 'rank published')]:   # never rank two lineages' numbers together
+        out[rank] = out.loc[pub, col].groupby(out.loc[pub, 'lineage']).rank(ascending=False, method='min')
     out.index = [f'{MERGE_METHODS[m].label if m in MERGE_METHODS else m}{" †" if m in conditional else ""}' for m in out.index]
     return out

@@ -38,3 +38,19 @@ def test_declared_methods_have_their_row_settings():
     for m in declared: assert 'sota' in MERGE_METHODS[m].papers, m
     rows, names = sota_rows(), list(dict.fromkeys(MERGE_METHODS[m].name for m in declared))   # a method may have several rows
     assert rows[:len(names)] == names   # the file's order first
+
+def test_rows_held_against_the_profiles_lineage_and_ranked_within_it():
+    "Issue 49: the clip-vit-b32 profile merges FusionBench's experts, so FusionBench's numbers are its published column."
+    from fusion_nb.reproduce.sota import sota_table
+    v = load_sota_values()
+    methods = list(dict.fromkeys(v['method']))
+    t = sota_table(pd.DataFrame({'Avg.': [float(i) for i in range(len(methods))]}, index=methods), v)
+    t.index = methods
+    want = {'iso_c': (82.8, 'fusion_bench', 86.3), 'iso_cts': (82.7, 'fusion_bench', 86.2), 'wudi_merging': (84.5, 'fusion_bench', 85.2),
+            'cart': (84.7, 'task_vectors', 84.7), 'tsv_merging': (85.9, 'tall_masks', 85.9)}
+    for m, w in want.items(): assert tuple(t.loc[m, ['published Avg.', 'lineage', "paper's Avg."]]) == w, m
+    for lineage, g in t.groupby('lineage'):   # each lineage ranked on its own, by hand
+        for m in g.index:
+            assert g.loc[m, 'rank published'] == 1 + (g['published Avg.'] > g.loc[m, 'published Avg.']).sum()
+            assert g.loc[m, 'rank here'] == 1 + (g['Avg.'] > g.loc[m, 'Avg.']).sum()
+    assert t.loc['iso_c', 'rank published'] == 2 and t.loc['wudi_merging', 'rank published'] == 1   # 82.8 < 84.5, FusionBench's
