@@ -172,8 +172,12 @@ def free_port():
 @pytest.fixture(scope='module')
 def server(proj, first):
     "`mlflow server` on the scratch project's store, on 127.0.0.1 and a free port, as a user starts it."
+    yield from mlflow_server(store(proj))
+
+def mlflow_server(uri:str):
+    "Start `mlflow server` on store `uri` at 127.0.0.1 and a free port; yield its URL; stop it."
     port = free_port()
-    p = subprocess.Popen([sys.executable, '-m', 'mlflow', 'server', '--backend-store-uri', store(proj), '--host', '127.0.0.1',
+    p = subprocess.Popen([sys.executable, '-m', 'mlflow', 'server', '--backend-store-uri', uri, '--host', '127.0.0.1',
                           '--port', str(port), '--workers', '1'], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          start_new_session=True,   # its workers in its process group, stopped with it
                          env={**os.environ, 'MLFLOW_SERVER_ENABLE_JOB_EXECUTION': 'false'})   # no job runner (GenAI jobs): starts in half the time
@@ -183,10 +187,11 @@ def server(proj, first):
         except OSError:
             assert p.poll() is None, p.stderr.read()
             time.sleep(0.5)
-    yield url
-    os.killpg(p.pid, signal.SIGTERM)
-    try: p.wait(20)
-    except subprocess.TimeoutExpired: os.killpg(p.pid, signal.SIGKILL); p.wait()
+    try: yield url
+    finally:   # also when the test using it fails (the generator is closed)
+        os.killpg(p.pid, signal.SIGTERM)
+        try: p.wait(20)
+        except subprocess.TimeoutExpired: os.killpg(p.pid, signal.SIGKILL); p.wait()
 
 def api(url, path, body):
     req = urllib.request.Request(f'{url}/api/2.0/mlflow/{path}', json.dumps(body).encode(), {'Content-Type': 'application/json'})
@@ -214,3 +219,23 @@ def test_a_browser_shows_the_runs_in_the_mlflow_ui(proj, server, tmp_path):
     shot = Path(os.environ.get('FUSION_NB_UI_SHOT') or tmp_path/'mlflow.png')
     subprocess.run([CHROMIUM, *flags, f'--screenshot={shot}', page], capture_output=True, timeout=180)
     assert shot.stat().st_size > 10_000
+
+@pytest.mark.skipif(CHROMIUM is None, reason='no chromium to open the MLflow UI with (Debian: apt-get install -y chromium)')
+def test_a_micro_profile_run_and_its_metrics_in_the_mlflow_ui(tmp_path, monkeypatch):
+    "The project's real micro profile, experiment 00, tracked as `fusion-nb reproduce` tracks it; its run and a table cell in the UI."
+    import pandas as pd
+    for k in ('FUSION_NB_TRACK', 'MLFLOW_TRACKING_URI'): monkeypatch.delenv(k, raising=False)   # conftest turns tracking off
+    assert reproduce('micro', only=['00_individual'], output_root=tmp_path, progress=False, log=lambda s: None) == {'00_individual': 'ok'}
+    table = pd.read_csv(tmp_path/'micro'/'00_individual'/'table.csv', index_col=0)
+    row, task = table.index[0], table.columns[0]
+    c, uri = MlflowClient(f"sqlite:///{tmp_path/'mlruns.db'}"), f"sqlite:///{tmp_path/'mlruns.db'}"
+    eid = c.get_experiment_by_name('micro').experiment_id
+    run, = c.search_runs([eid], "attributes.run_name = '00_individual'")
+    key = f'table/{row}/{task}'
+    assert run.data.metrics[key] == pytest.approx(table.loc[row, task])   # the table's cell, as recorded
+    for url in mlflow_server(uri):
+        flags = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--virtual-time-budget=30000',
+                 f'--user-data-dir={tmp_path/"profile"}', '--window-size=1600,900']
+        dom = subprocess.run([CHROMIUM, *flags, '--dump-dom', f'{url}/#/experiments/{eid}/runs/{run.info.run_id}'],
+                             capture_output=True, text=True, timeout=180).stdout
+        assert '00_individual' in dom and key in dom, dom[-2000:]
