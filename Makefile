@@ -36,7 +36,7 @@ test: setup
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 FUSION_NB_JOBS=1 $(BIN)/pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 tests
 	HF_HUB_OFFLINE=1 FUSION_NB_TRACK=0 $(BIN)/nbdev-test --n-workers 2   # examples that merge are not tracked (as tests/conftest.py)
 
-# The same tests as another CPU computes them: torch's kernels capped below this CPU's (AVX-512 → AVX2, else the portable
+# The same tests as another CPU computes them: torch's kernels capped below this CPU's (AVX-512 → AVX2, AVX2 → AVX, else the portable
 # ones; .ci/other_cpu.py). Training here then rounds differently from the machine that trained pins/, so a test that
 # compares a training run of this machine with the pinned bytes fails here. Run it before a stop that touches training,
 # a zoo's recipe or pins/ (issue 55).

@@ -4,7 +4,8 @@ this one machine and compare the files' hashes: a difference is what two machine
     python bench/build_isa.py                 # micro, four settings, in a scratch folder
     python bench/build_isa.py --scale tiny    # the same for the tiny benchmark (half an hour each)
 
-Settings: `native` (what this CPU offers), `avx2` (ATen, MKL and oneDNN capped at AVX2, as on a CPU without AVX-512),
+Settings: `native` (what this CPU offers), `avx2` (ATen, MKL and oneDNN capped at AVX2, as on a CPU without AVX-512), `avx`
+(MKL and oneDNN capped at AVX: matmuls and convolutions without FMA, ATen's kernels as they are),
 `portable` (ATen's scalar kernels, MKL's conditional numerical reproducibility `MKL_CBWR=COMPATIBLE`, oneDNN capped at
 SSE4.1) and `portable+avx2`. Issue 30, item 1.
 """
@@ -15,7 +16,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 AVX2 = {'ATEN_CPU_CAPABILITY': 'avx2', 'MKL_ENABLE_INSTRUCTIONS': 'AVX2', 'ONEDNN_MAX_CPU_ISA': 'AVX2'}
 PORTABLE = {'ATEN_CPU_CAPABILITY': 'default', 'MKL_CBWR': 'COMPATIBLE', 'ONEDNN_MAX_CPU_ISA': 'SSE41'}
-SETTINGS = {'native': {}, 'avx2': AVX2, 'portable': PORTABLE, 'portable+avx2': {**AVX2, **PORTABLE, 'MKL_ENABLE_INSTRUCTIONS': 'AVX2'}}
+AVX = {'MKL_ENABLE_INSTRUCTIONS': 'AVX', 'ONEDNN_MAX_CPU_ISA': 'AVX'}   # an AVX2 CPU's matmuls and convolutions without FMA (ATen's own kernels unchanged)
+SETTINGS = {'native': {}, 'avx2': AVX2, 'avx': AVX, 'portable': PORTABLE, 'portable+avx2': {**AVX2, **PORTABLE, 'MKL_ENABLE_INSTRUCTIONS': 'AVX2'}}
 
 def build(scale:str, root:Path, env:dict)->tuple[float, dict]:
     "Build `scale` into `root` in a fresh process with `env`; (seconds, file → sha256 from its manifest)."

@@ -360,8 +360,9 @@ def test_cli_bad_input_26(case, settings, setup, args, status, stream, parts, tm
 
 SLOW = "from pathlib import Path\nPath(output_dir, 'started').write_text('')\nimport time\ntime.sleep(120)"
 
-def test_ctrl_c_during_reproduce_is_one_line_and_leaves_nothing(tmp_path):
-    "Item 12: Ctrl-C (SIGINT to the process group, as a terminal sends it) printed a 20-line ZMQ traceback and left a .failed.ipynb."
+def test_ctrl_c_during_reproduce_is_one_line_and_leaves_only_what_it_finished_as_partial(tmp_path):
+    """Item 12: Ctrl-C (SIGINT to the process group, as a terminal sends it) printed a 20-line ZMQ traceback and left a .failed.ipynb.
+    Since issue 54 what the interrupted experiment had written is kept apart, as partial, never as its output folder."""
     import nbformat, signal, time
     root = _project(tmp_path, GOOD)
     nb = nbformat.read(str(root/'nbs'/'experiments'/'00_a.ipynb'), as_version=4); nb.cells[-1].source = SLOW
@@ -374,7 +375,10 @@ def test_ctrl_c_during_reproduce_is_one_line_and_leaves_nothing(tmp_path):
     out, err = p.communicate(timeout=180)   # 13 s alone; once over 60 s in CI beside an experiment run (2 cores, load ~4)
     assert p.returncode == 130 and 'Traceback' not in err and 'ZMQError' not in err, err
     assert err.strip().splitlines()[-1] == 'fusion-nb: interrupted; finished experiments keep their outputs', err
-    assert sorted(f.name for f in (root/'outputs'/'demo').iterdir()) == []   # no .failed.ipynb/.json, no temporaries, no half folder
+    # no .failed.ipynb/.json, no temporaries, no half-written 00_a/: the files it wrote lie in 00_a.partial/, which REPORT.md flags
+    assert sorted(f.name for f in (root/'outputs'/'demo').iterdir()) == ['00_a.partial', 'REPORT.md']
+    assert json.loads((root/'outputs'/'demo'/'00_a.partial'/'partial.json').read_text())['stopped'] == 'interrupted'
+    assert '**Partial outputs** (runs that did not finish, not complete results): 00_a.' in (root/'outputs'/'demo'/'REPORT.md').read_text()
 
 def test_a_cell_that_does_not_apply_prints_a_dash(tmp_path):
     "Item 15: experiment 01's Ens./Gap of TIES and the pre-trained row printed `nan`; the papers print a dash."
