@@ -224,8 +224,9 @@ def test_a_browser_shows_the_runs_in_the_mlflow_ui(proj, server, tmp_path):
 def test_a_micro_profile_run_and_its_metrics_in_the_mlflow_ui(tmp_path, monkeypatch):
     "The project's real micro profile, experiment 00, tracked as `fusion-nb reproduce` tracks it; its run and a table cell in the UI."
     import pandas as pd
-    for k in ('FUSION_NB_TRACK', 'MLFLOW_TRACKING_URI'): monkeypatch.delenv(k, raising=False)   # conftest turns tracking off
-    assert reproduce('micro', only=['00_individual'], output_root=tmp_path, progress=False, log=lambda s: None) == {'00_individual': 'ok'}
+    for k in ('FUSION_NB_TRACK', 'MLFLOW_TRACKING_URI', 'FUSION_NB_ROOT'): monkeypatch.delenv(k, raising=False)   # conftest: off; proj: its root
+    assert reproduce('micro', only=['00_individual'], output_root=tmp_path, progress=False, log=lambda s: None,
+                     settings=Path(__file__).parents[2]/'settings.ini') == {'00_individual': 'ok'}
     table = pd.read_csv(tmp_path/'micro'/'00_individual'/'table.csv', index_col=0)
     row, task = table.index[0], table.columns[0]
     c, uri = MlflowClient(f"sqlite:///{tmp_path/'mlruns.db'}"), f"sqlite:///{tmp_path/'mlruns.db'}"
