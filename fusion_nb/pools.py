@@ -15,7 +15,8 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 import datasets
 from datasets import ClassLabel, Dataset, DatasetDict, load_dataset, load_from_disk
-from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, CLIPVisionConfig, CLIPVisionModel
+import transformers   # its classes are looked up on use (transformers.CLIPModel): importing them takes ~2x torch's import, which
+                      # every fusion-nb command paid before it could check its inputs (a `reproduce` refusing a profile took twice as long)
 
 from .core import FusionError, UnknownNameError, get_device, get_dtype
 from .checkpoints import (LazyStateDict, hub_revision, is_local_source, load_vision_model, resolve_model_dir, vision_config,
@@ -238,12 +239,11 @@ class TaskPool:
         return cls([Task(t, profile.datasets[t], split=profile.test_split, class_names=names_of(t)) for t in names])
 
 # %% ../nbs/05_pools.ipynb #899c7fe4
-import transformers
 PIL_BACKEND = {'backend': 'pil'} if int(transformers.__version__.split('.')[0]) >= 5 else {'use_fast': False}   # 4.x: the slow one is PIL's
 
 def load_image_processor(source:str|Path, **kwargs):
     "`source`'s image processor on PIL's backend, whatever else is installed (`PIL_BACKEND`)."
-    return AutoImageProcessor.from_pretrained(source, **PIL_BACKEND, **kwargs)
+    return transformers.AutoImageProcessor.from_pretrained(source, **PIL_BACKEND, **kwargs)
 
 def clip_image_processor(**settings):
     "A CLIP image processor made from `settings`, on PIL's backend whatever else is installed."
@@ -289,19 +289,19 @@ class ModelPool:
         "Local directory of the pretrained model (downloaded from the hub on first use)."
         return resolve_model_dir(self.pretrained)
     @cached_property
-    def clip(self)->CLIPModel:
+    def clip(self)->transformers.CLIPModel:
         "The pretrained CLIP model (eval mode, on the pool's device and dtype)."
-        return CLIPModel.from_pretrained(self.model_dir, dtype=self.dtype).to(self.device, self.dtype).eval()
+        return transformers.CLIPModel.from_pretrained(self.model_dir, dtype=self.dtype).to(self.device, self.dtype).eval()
     @cached_property
     def tokenizer(self):
         "The pretrained model's tokenizer."
-        return AutoTokenizer.from_pretrained(self.model_dir)
+        return transformers.AutoTokenizer.from_pretrained(self.model_dir)
     @cached_property
     def processor(self):
         "The pretrained model's image processor (PIL's backend, on every machine: `load_image_processor`)."
         return load_image_processor(self.model_dir)
     @cached_property
-    def config(self)->CLIPVisionConfig:
+    def config(self)->transformers.CLIPVisionConfig:
         "The vision encoders' configuration (the pretrained model's, read without loading its weights)."
         return vision_config(self.model_dir)
 
@@ -316,7 +316,7 @@ class ModelPool:
         "Lazy canonical state dict of encoder `name` (`'_pretrained_'` or a task)."
         return vision_state_dict(self.model_dir if name == PRETRAINED else self.source(name), name=name)
 
-    def vision_model(self, which:str|Mapping=PRETRAINED)->CLIPVisionModel:
+    def vision_model(self, which:str|Mapping=PRETRAINED)->transformers.CLIPVisionModel:
         "A `CLIPVisionModel` (eval mode, the pool's device and dtype) for a pool name or a (merged) state dict."
         if isinstance(which, str):
             src = self.model_dir if which == PRETRAINED else self.source(which)

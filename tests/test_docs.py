@@ -30,6 +30,7 @@ def processed(tmp_path_factory):
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp_path
 
+@pytest.mark.slow   # the docs site build (make docs): make test-all
 def test_every_notebook_is_processed_for_the_site(processed):
     "nbdev's processing of every notebook (the API docs run, examples not), as `nbdev-docs` does it, in a copy of the project."
     tmp_path = processed
@@ -65,6 +66,7 @@ def _executed_run(project, experiment, profile):
 
 def _text(html): return unescape(re.sub(r'<[^>]+>', '', html))
 
+@pytest.mark.slow   # the docs site build (make docs): make test-all
 def test_the_site_renders_every_notebook(processed, monkeypatch):
     """Sphinx + myst-nb render the processed notebooks, every warning an error: a page per notebook in the sidebar, math for
     MathJax, show_doc's API entries, and an experiment's executed run (its figure) in place of its clean notebook."""

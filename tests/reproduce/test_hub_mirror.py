@@ -103,6 +103,7 @@ def test_mirror_layouts_are_what_the_hub_ships(mirror):
     assert not any((m/'datasets').rglob('dataset_dict.json'))   # no save_to_disk folder anywhere
     assert (m/'datasets'/'ufldl-stanford'/'svhn'/'cropped_digits'/'test-00000-of-00001.parquet').exists()
 
+@pytest.mark.slow   # a paper profile end to end on the mirror: make test-all
 def test_paper_000_profile_on_the_mirror_end_to_end(mirror):
     "Experiments 00 and 04 of a renamed clip-vit-b32 on the mirror: they run, write every row of 04 and the comparison with paper 000."
     t0 = time.time()
@@ -178,6 +179,7 @@ def imagenet_mirror(tmp_path_factory):
         + ''.join(f'{k} = {v}\n' for k, v in SHIFT_BUDGET.items()))
     return root
 
+@pytest.mark.slow   # a paper profile end to end on the mirror: make test-all
 def test_paper_003_profile_on_the_mirror(imagenet_mirror):
     "Experiment 30 of a renamed clip-vit-b32-imagenet on the mirror: every set read as published, scored, compared with paper 003."
     t0 = time.time()

@@ -92,6 +92,7 @@ def run(root, name, *params):
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
+@pytest.mark.slow   # paper-scale shapes: make test-all
 def test_fronts_at_paper_scale(root):
     "Fig. 5's w = 1 is θ∞ itself: its ℓ∞ robust accuracy on the ImageNet validation images at the paper's ε∞ = 4/255, by plain APGD."
     out = run(root, '20_robust_fronts')
@@ -106,6 +107,7 @@ def test_fronts_at_paper_scale(root):
         assert fig5.loc[1.0, ds] == pytest.approx(100 * float(ok.float().mean()))
     for f in ['figure1', 'figure2', 'figure3', 'figure4', 'figure5', 'findings']: assert any(out.glob(f'{f}.*'))
 
+@pytest.mark.slow   # paper-scale shapes: make test-all
 def test_shifts_at_paper_scale(root):
     "Table 1's θ∞ and AdvProp rows: per shift, the plain accuracy of the model on the test split, predictions restricted to the shift's classes."
     out = run(root, '21_robust_shifts', '-p', 'radii', 'False', '-y', 'grid: [0, 1, 0.5]')   # 10 soups, not 480: the rows checked are single models
