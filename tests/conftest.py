@@ -139,12 +139,12 @@ def one_builder_per_zoo(request):
 # per file from CI's `--durations` (stop 37, after that stop's cuts; approximate): only the order matters, files not listed
 # keep theirs after these. Files of one zoo group (SHARED_BUILDS) are kept apart, so that they rarely wait on each other.
 FILE_SECONDS = {'reproduce/test_reproduce.py': 170, 'test_bad_inputs.py': 80, 'llava/test_llava_experiment.py': 78,
-                'reproduce/test_hub_mirror.py': 75, 'robust/test_robust_paper_scale.py': 75, 'robust/test_robust_experiments.py': 73,
-                'test_docs.py': 68, 'reproduce/test_ray.py': 66, 'masking/test_masking_imagenet.py': 50, 'neulig/test_neulig_experiment.py': 49,
+                'reproduce/test_hub_mirror.py': 40, 'robust/test_robust_experiments.py': 73, 'reproduce/test_tracking.py': 60,
+                'reproduce/test_ray.py': 66, 'masking/test_masking_imagenet.py': 50, 'neulig/test_neulig_experiment.py': 49,
                 'reproduce/test_experiments.py': 46, 'reproduce/test_fusion_experiments.py': 45, 'masking/test_masking.py': 34,
                 'llava/test_llava_benchmarks.py': 30, 'tiny/test_benchmark.py': 25, 'tiny/test_tiny_zoo.py': 15,
                 'reproduce/test_sweep.py': 16, 'neulig/test_merge_vs_ensemble.py': 16, 'reproduce/test_logs.py': 12,
-                'reproduce/test_merge_cli.py': 11}
+                'reproduce/test_merge_cli.py': 11, 'robust/test_robust_paper_scale.py': 75, 'test_docs.py': 68}   # these two: their long tests, marked slow, run in make test-all only
 
 def pytest_collection_modifyitems(config, items):
     "Order the files longest first (a stable sort: each file's tests keep their order, unlisted files theirs)."
