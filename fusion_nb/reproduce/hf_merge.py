@@ -25,11 +25,11 @@ from ..methods.linear_sparse import dare_sparsify, magprune_sparsify
 import fusion_nb
 
 # %% auto #0
-__all__ = ['MERGEKIT_METHODS', 'GTA_DEFAULTS', 'MERGEKIT_LACKS', 'MERGEKIT_KEYS', 'MERGEKIT_RULES', 'HF_OUTPUT_DEFAULTS',
-           'layer_positions', 'setting_value', 'AlignedModel', 'align_models', 'check_model_types', 'HFMergePlan',
-           'mergekit_scalar', 'load_mergekit_config', 'SlicePlan', 'layer_key', 'load_sliced_config', 'SlicedOutput',
-           'sliced_output', 'hf_dtype', 'hf_device', 'hf_output', 'copy_model_files', 'set_layer_count', 'open_models',
-           'check_values', 'run_hf_merge', 'hf_model_card']
+__all__ = ['MERGEKIT_METHODS', 'GTA_DEFAULTS', 'MERGEKIT_LACKS', 'MERGEKIT_TOOLS', 'MERGEKIT_KEYS', 'MERGEKIT_RULES',
+           'HF_OUTPUT_DEFAULTS', 'layer_positions', 'setting_value', 'AlignedModel', 'align_models',
+           'check_model_types', 'HFMergePlan', 'mergekit_scalar', 'load_mergekit_config', 'SlicePlan', 'layer_key',
+           'load_sliced_config', 'SlicedOutput', 'sliced_output', 'hf_dtype', 'hf_device', 'hf_output',
+           'copy_model_files', 'set_layer_count', 'open_models', 'check_values', 'run_hf_merge', 'hf_model_card']
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #734615cf
 MERGEKIT_METHODS = {n: n for n in ('linear', 'task_arithmetic', 'slerp', 'model_stock', 'ties', 'dare_ties', 'della', 'dare_linear', 'della_linear',
@@ -39,6 +39,10 @@ GTA_DEFAULTS = {'ties': (True, False), 'dare_ties': (False, True), 'della': (Tru
 MERGEKIT_METHODS['passthrough'] = 'linear'   # slices only: each output tensor copied from its one source (× its scale)
 MERGEKIT_LACKS = {'arcee_fusion': 'its importance scores (a KL-divergence-based, dynamically thresholded choice of entries) are not implemented here',
                   'nearswap': 'its similarity-thresholded interpolation is not implemented here'}   # mergekit runs them
+MERGEKIT_TOOLS = {   # the keys by which mergekit's other commands' configs are told apart, and what those commands do
+    'mergekit-moe': (('gate_mode', 'experts', 'shared_experts', 'experts_per_token', 'architecture'),
+                     'a mixture of experts built from dense models (gated expert layers)'),
+    'mergekit-evolve': (('genome', 'tasks', 'filters'), 'an evolutionary search for merge parameters scored on lm-eval tasks')}
 MERGEKIT_KEYS = ('merge_method', 'base_model', 'models', 'slices', 'parameters', 'dtype', 'out_dtype', 'tokenizer_source', 'name',
                  'device', 'output', 'seed')   # the last three are this project's
 
@@ -305,7 +309,8 @@ def _mergekit_method(raw:Mapping, w:str)->tuple[str, MergeMethod]:
         import difflib
         close = difflib.get_close_matches(str(name), list(MERGEKIT_METHODS), n=1)
         raise FusionError(f"{w}merge_method: unknown method {name!r}" + (f" (did you mean {close[0]!r}?)" if close else '')
-                          + f"; mergekit methods this project runs: {', '.join(MERGEKIT_METHODS)}")
+                          + " (a method written in Python with mergekit's @merge_method, as its docs' weighted_average, is not run"
+                          + f" here); mergekit methods this project runs: {', '.join(MERGEKIT_METHODS)}")
     return name, MERGE_METHODS[MERGEKIT_METHODS[name]]
 
 # %% ../../nbs/reproduce/95_hf_merge.ipynb #522a083d

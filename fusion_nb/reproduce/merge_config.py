@@ -17,7 +17,7 @@ from ..core import FusionError, HyperparameterError, IncompatibleModelsError, ch
 from ..checkpoints import is_local_source, model_source, resolve_model_dir, vision_config, vision_state_dict
 from ..merge import MERGE_METHODS, MergeMethod
 from ..methods.registry import check_models
-from .hf_merge import HFMergePlan, check_model_types, load_mergekit_config, run_hf_merge, hf_dtype, hf_device, hf_output
+from .hf_merge import HFMergePlan, MERGEKIT_TOOLS, check_model_types, load_mergekit_config, run_hf_merge, hf_dtype, hf_device, hf_output
 from .export import EXPORT_KINDS, check_export_dir, check_push, check_repo_id, export_model, push_to_hub
 from .tracking import tracked_merge
 import fusion_nb
@@ -270,6 +270,10 @@ def load_merge_config(config, # a YAML file, or the same as a dict
     "Read and check a merge config: every key, the method, the models and their architectures, the parameters, data and output."
     raw, w = _read_yaml(config)
     if 'merge_method' in raw: return load_mergekit_config(raw, w)   # mergekit's schema, read as mergekit reads it
+    for tool, (keys, what) in MERGEKIT_TOOLS.items():   # another mergekit command's config: say which, not "unknown key"
+        if 'method' not in raw and set(keys) & set(raw):
+            raise FusionError(f"{w}a {tool} config ({', '.join(k for k in keys if k in raw)}): {what}; this project lacks it "
+                              "(`fusion-nb merge` reads mergekit-yaml's configs, with merge_method, and its own, with method)")
     check_known_keys(raw, CONFIG_KEYS, w)
     m = _method(raw, w)
     profile = _profile(raw, m, w)

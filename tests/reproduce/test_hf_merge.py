@@ -113,30 +113,9 @@ def test_mergekit_example_ties_yml_qwen2(tmp_path):
     "mergekit's examples/ties.yml (gradients, a filter, normalize, int8_mask, dtype float16), model ids pointed at tiny Qwen2s."
     from transformers import AutoModelForCausalLM
     (b, e1, e2, e3), (B, *E) = _zoo(tmp_path, lambda: _llama(cls='qwen2'), n=3)
-    text = f"""
-models:
-  - model: {e1}
-    parameters:
-      density: [1, 0.7, 0.1] # density gradient
-      weight: 1.0
-  - model: {e2}
-    parameters:
-      density: 0.5
-      weight: [0, 0.3, 0.7, 1] # weight gradient
-  - model: {e3}
-    parameters:
-      density: 0.33
-      weight:
-        - filter: mlp
-          value: 0.5
-        - value: 0
-merge_method: ties
-base_model: {b}
-parameters:
-  normalize: true
-  int8_mask: true
-dtype: float16
-"""
+    text = (Path(__file__).parent/'mergekit_configs'/'examples_ties.yml').read_text()   # as mergekit ships it
+    for hub_id, d in [('TheBloke/Llama-2-13B-fp16', b), ('psmathur/orca_mini_v3_13b', e1), ('garage-bAInd/Platypus2-13B', e2),
+                      ('WizardLM/WizardMath-13B-V1.0', e3)]: text = text.replace(hub_id, str(d))
     (tmp_path/'ties.yml').write_text(text)
     assert main(['merge', str(tmp_path/'ties.yml'), '-o', str(tmp_path/'out'), '--no-progress']) == 0
     merged = AutoModelForCausalLM.from_pretrained(tmp_path/'out', dtype=torch.float16).state_dict()
