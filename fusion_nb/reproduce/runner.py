@@ -294,8 +294,8 @@ def run_experiment(name:str, # experiment (notebook stem)
     # EXPERIMENT_ENV: the notebook's own `prepare` checks what this experiment reads, not the whole profile's list
     env = compute_env({**os.environ, 'FUSION_NB_ROOT': str(profile.root), 'PYTHONPATH': _kernel_pythonpath(), EXPERIMENT_ENV: name,
                        **({'OMP_NUM_THREADS': str(threads)} if threads else {})})
-    kernels = cpu_kernels(nb, inputs['parameters']) if computes_on_cpu(profile) else None   # None: on a GPU, the CPU's kernels do not count
-    env = kernel_env(kernels, env, kernels is not None)   # 'portable': an experiment that trains gives every x86 CPU's numbers
+    on_kernels = cpu_kernels(nb, inputs['parameters']) if computes_on_cpu(profile) else None   # None: on a GPU, the CPU's kernels do not count
+    env = kernel_env(on_kernels, env, on_kernels is not None)   # 'portable': an experiment that trains gives every x86 CPU's numbers
     kernels, runs = [], runs if runs is not None else Runs()
     runs.kernels.append(kernels)
     try:
@@ -321,7 +321,7 @@ def run_experiment(name:str, # experiment (notebook stem)
             revisions = resolved_revisions(profile) if any(profile.hub_sources().values()) else {}
             with _FINGERPRINTING: inputs = with_hash({**inputs, 'data': data_fingerprint(profile, name)})   # as the run leaves it: a zoo it built is its input
             atomic_write_text(tmp/'inputs.json', json.dumps({**inputs, 'finished': finished, 'seconds': round(time.time() - t0, 1),
-                                                            'hub_revisions': revisions, 'torch_threads': kernel_threads(env), 'cpu_kernels': kernels, 'outputs': _output_hashes(tmp)},
+                                                            'hub_revisions': revisions, 'torch_threads': kernel_threads(env), 'cpu_kernels': on_kernels, 'outputs': _output_hashes(tmp)},
                                                            indent=1, default=str))
     except Exception as e:
         _record_failure(marker, e, inputs)
