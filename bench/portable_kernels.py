@@ -8,7 +8,7 @@ Experiment 10 declares `cpu_kernels = "portable"`: `fusion-nb reproduce` starts 
 (semi-supervised and supervised), layer-wise AdaMerging's coefficients, WE-MoE's routers, RegMean's Gram matrices — each in
 a fresh process per setting (the kernels are chosen as a process starts), alternating native and portable so that the
 machine's load meets both alike, and prints each part's seconds (the best of the repeats), the ratio portable / native
-measured in this run, and the hash of what was trained: equal hashes under `native+cap` and `portable+cap` would mean the
+measured in this run, and the hash of what was trained (the fused weights; NeuLig: the saved Portland): equal hashes under `native+cap` and `portable+cap` would mean the
 cap changes nothing; `portable` and `portable+cap` must agree. Issue 47, item 4.
 """
 from __future__ import annotations
@@ -47,8 +47,11 @@ for setting in ('semi-supervised', 'supervised'):
     seconds[f'NeuLig {setting}'], hashes[f'NeuLig {setting}'] = time.time() - t0, digest([out/f'{setting}.safetensors'])
 for r in ('regmean', 'layer_wise_adamerging', 'weight_ensembling_moe'):
     t0 = time.time()
-    fuse(r, pre, experts, data, S, out/r, seed=P.seed, progress=False, paper='001')
-    seconds[r], hashes[r] = time.time() - t0, digest((out/r).rglob('*.safetensors'))
+    fused, _ = fuse(r, pre, experts, data, S, out/r, seed=P.seed, progress=False, paper='001')
+    seconds[r] = time.time() - t0
+    state = fused.state_dict() if isinstance(fused, torch.nn.Module) else fused   # RegMean: a state dict; the others: models
+    hashes[r] = hashlib.sha256(b''.join(v.detach().contiguous().numpy().tobytes() for k, v in sorted(state.items())
+                                        if torch.is_tensor(v) and v.is_floating_point())).hexdigest()[:12]
 print(json.dumps({'capability': torch.backends.cpu.get_cpu_capability(), 'seconds': seconds, 'hashes': hashes}))
 """
 
@@ -66,7 +69,8 @@ def main(argv=None)->int:
     base = {k: v for k, v in os.environ.items() if k not in {*cap, 'ATEN_CPU_CAPABILITY', 'MKL_CBWR', 'MKL_ENABLE_INSTRUCTIONS', 'ONEDNN_MAX_CPU_ISA'}}
     base |= {'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}
     settings = {'native': base, 'portable': kernel_env('portable', base)}
-    print(f"profile {a.profile}, steps {a.steps or 'the profile'}'s, CPU {cap_name}, {base['OMP_NUM_THREADS']} thread(s), load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"profile {a.profile}, steps: {a.steps or 'the profile'}'s, this CPU's kernels {cap_name}, capped with {cap}, "
+          f"{base['OMP_NUM_THREADS']} thread(s), load {os.getloadavg()[0]:.1f}", flush=True)
     runs = {name: [] for name in settings}
     for i in range(a.repeats):
         for name, env in settings.items():
@@ -75,7 +79,7 @@ def main(argv=None)->int:
               for name, env in settings.items()}
     parts = list(runs['native'][0]['seconds'])
     best = {name: {p: min(r['seconds'][p] for r in rs) for p in parts} for name, rs in runs.items()}
-    print(f"\n| part | native s | portable s | portable / native | native | native, {cap_name} capped | portable | portable, capped |")
+    print(f"\n| part | native s | portable s | portable / native | native | native, capped | portable | portable, capped |")
     print("|---|---:|---:|---:|---|---|---|---|")
     for p in parts + ['all']:
         n, q = (sum(best[k].values()) if p == 'all' else best[k][p] for k in ('native', 'portable'))
