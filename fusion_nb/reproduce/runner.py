@@ -155,11 +155,8 @@ def kernel_threads(env:Mapping|None=None, # the kernel's environment (default: t
     import torch   # only here: the CLI starts without it
     return torch.get_num_threads()
 
-# %% ../../nbs/reproduce/92_runner.ipynb #960a8ebc
+# %% ../../nbs/reproduce/92_runner.ipynb #eff7166b
 CPU_KERNELS = ('native', 'portable')   # values of an experiment's `cpu_kernels` parameter (absent: native)
-PORTABLE_KERNELS = {'ATEN_CPU_CAPABILITY': 'default', # ATen's loops as compiled for every x86-64 CPU (no AVX)
-                    'MKL_CBWR': 'COMPATIBLE', # MKL: one code path on every Intel-compatible CPU (it overrides MKL_ENABLE_INSTRUCTIONS)
-                    'ONEDNN_MAX_CPU_ISA': 'SSE41'} # oneDNN's convolutions at SSE4.1, which every x86-64 CPU of the last 15 years has
 
 def cpu_kernels(nb_path:str|Path, # the experiment notebook
                 parameters:Mapping|None=None, # the parameters it runs with (a sweep's point, a profile's value)
@@ -170,6 +167,11 @@ def cpu_kernels(nb_path:str|Path, # the experiment notebook
     if value not in CPU_KERNELS:
         raise FusionError(f"experiment {Path(nb_path).stem!r}: cpu_kernels = {value!r}; expected one of {', '.join(map(repr, CPU_KERNELS))}")
     return value
+
+# %% ../../nbs/reproduce/92_runner.ipynb #58c6c34b
+PORTABLE_KERNELS = {'ATEN_CPU_CAPABILITY': 'default', # ATen's loops as compiled for every x86-64 CPU (no AVX)
+                    'MKL_CBWR': 'COMPATIBLE', # MKL: one code path on every Intel-compatible CPU (it overrides MKL_ENABLE_INSTRUCTIONS)
+                    'ONEDNN_MAX_CPU_ISA': 'SSE41'} # oneDNN's convolutions at SSE4.1, which every x86-64 CPU of the last 15 years has
 
 def kernel_env(kernels:str, # `cpu_kernels`' value
                env:Mapping, # the kernel's environment without it
