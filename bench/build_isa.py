@@ -15,7 +15,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 AVX2 = {'ATEN_CPU_CAPABILITY': 'avx2', 'MKL_ENABLE_INSTRUCTIONS': 'AVX2', 'ONEDNN_MAX_CPU_ISA': 'AVX2'}
-PORTABLE = {'ATEN_CPU_CAPABILITY': 'default', 'MKL_CBWR': 'COMPATIBLE', 'ONEDNN_MAX_CPU_ISA': 'SSE41'}
+sys.path.insert(0, str(REPO))
+from fusion_nb.reproduce.runner import PORTABLE_KERNELS as PORTABLE   # what `fusion-nb reproduce` starts an experiment declaring `cpu_kernels = "portable"` on
 AVX = {'MKL_ENABLE_INSTRUCTIONS': 'AVX', 'ONEDNN_MAX_CPU_ISA': 'AVX'}   # an AVX2 CPU's matmuls and convolutions without FMA (ATen's own kernels unchanged)
 SETTINGS = {'native': {}, 'avx2': AVX2, 'avx': AVX, 'portable': PORTABLE, 'portable+avx2': {**AVX2, **PORTABLE, 'MKL_ENABLE_INSTRUCTIONS': 'AVX2'}}
 

@@ -21,11 +21,12 @@ from .tracking import tracked
 import fusion_nb
 
 # %% auto #0
-__all__ = ['BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiment_title', 'Runs', 'why_rerun', 'foreign_files',
-           'check_owned', 'kernel_threads', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
-           'papermill_parameters', 'partial_dir', 'keep_partial', 'run_experiment', 'ray_module', 'computes_on_cpu',
-           'local_slots', 'run_local', 'check_ray_address', 'run_on_ray', 'run_jobs', 'check_backend',
-           'writable_profile_dir', 'prepare_logged', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep']
+__all__ = ['CPU_KERNELS', 'PORTABLE_KERNELS', 'BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiment_title', 'Runs',
+           'why_rerun', 'foreign_files', 'check_owned', 'kernel_threads', 'cpu_kernels', 'kernel_env',
+           'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure', 'papermill_parameters',
+           'partial_dir', 'keep_partial', 'run_experiment', 'ray_module', 'computes_on_cpu', 'local_slots', 'run_local',
+           'check_ray_address', 'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'prepare_logged',
+           'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #ccf9d496
 def experiment_title(nb_path:str|Path)->str:
@@ -154,6 +155,31 @@ def kernel_threads(env:Mapping|None=None, # the kernel's environment (default: t
     import torch   # only here: the CLI starts without it
     return torch.get_num_threads()
 
+# %% ../../nbs/reproduce/92_runner.ipynb #eff7166b
+CPU_KERNELS = ('native', 'portable')   # values of an experiment's `cpu_kernels` parameter (absent: native)
+
+def cpu_kernels(nb_path:str|Path, # the experiment notebook
+                parameters:Mapping|None=None, # the parameters it runs with (a sweep's point, a profile's value)
+               )->str:
+    "The kernels an experiment computes with on a CPU: its `cpu_kernels` parameter as run, else the notebook's default, else 'native'."
+    declared = notebook_parameters(nb_path)
+    value = (parameters or {}).get('cpu_kernels', ast.literal_eval(declared['cpu_kernels']['default']) if 'cpu_kernels' in declared else 'native')
+    if value not in CPU_KERNELS:
+        raise FusionError(f"experiment {Path(nb_path).stem!r}: cpu_kernels = {value!r}; expected one of {', '.join(map(repr, CPU_KERNELS))}")
+    return value
+
+# %% ../../nbs/reproduce/92_runner.ipynb #58c6c34b
+PORTABLE_KERNELS = {'ATEN_CPU_CAPABILITY': 'default', # ATen's loops as compiled for every x86-64 CPU (no AVX)
+                    'MKL_CBWR': 'COMPATIBLE', # MKL: one code path on every Intel-compatible CPU (it overrides MKL_ENABLE_INSTRUCTIONS)
+                    'ONEDNN_MAX_CPU_ISA': 'SSE41'} # oneDNN's convolutions at SSE4.1, which every x86-64 CPU of the last 15 years has
+
+def kernel_env(kernels:str, # `cpu_kernels`' value
+               env:Mapping, # the kernel's environment without it
+               on_cpu:bool=True, # the experiment computes on this machine's CPU (`computes_on_cpu`)
+              )->dict:
+    "The environment a kernel computing on `kernels` starts with: `env`, and `PORTABLE_KERNELS` over it where portable on a CPU."
+    return {**env, **PORTABLE_KERNELS} if kernels == 'portable' and on_cpu else dict(env)
+
 # %% ../../nbs/reproduce/92_runner.ipynb #b247cf03
 def _record_failure(marker:Path, e:BaseException, inputs:dict)->None:
     atomic_write_text(marker, json.dumps({'error': _last_line(e), 'type': type(e).__name__, 'inputs': inputs['hash'],
@@ -270,6 +296,8 @@ def run_experiment(name:str, # experiment (notebook stem)
     # EXPERIMENT_ENV: the notebook's own `prepare` checks what this experiment reads, not the whole profile's list
     env = compute_env({**os.environ, 'FUSION_NB_ROOT': str(profile.root), 'PYTHONPATH': _kernel_pythonpath(), EXPERIMENT_ENV: name,
                        **({'OMP_NUM_THREADS': str(threads)} if threads else {})})
+    on_kernels = cpu_kernels(nb, inputs['parameters']) if computes_on_cpu(profile) else None   # None: on a GPU, the CPU's kernels do not count
+    env = kernel_env(on_kernels, env, on_kernels is not None)   # 'portable': an experiment that trains gives every x86 CPU's numbers
     kernels, runs = [], runs if runs is not None else Runs()
     runs.kernels.append(kernels)
     try:
@@ -295,7 +323,7 @@ def run_experiment(name:str, # experiment (notebook stem)
             revisions = resolved_revisions(profile) if any(profile.hub_sources().values()) else {}
             with _FINGERPRINTING: inputs = with_hash({**inputs, 'data': data_fingerprint(profile, name)})   # as the run leaves it: a zoo it built is its input
             atomic_write_text(tmp/'inputs.json', json.dumps({**inputs, 'finished': finished, 'seconds': round(time.time() - t0, 1),
-                                                            'hub_revisions': revisions, 'torch_threads': kernel_threads(env), 'outputs': _output_hashes(tmp)},
+                                                            'hub_revisions': revisions, 'torch_threads': kernel_threads(env), 'cpu_kernels': on_kernels, 'outputs': _output_hashes(tmp)},
                                                            indent=1, default=str))
     except Exception as e:
         _record_failure(marker, e, inputs)

@@ -490,6 +490,27 @@ def test_kernels_compute_under_compute_env(project, monkeypatch):
     seen = json.loads((project/'outputs'/'demo'/'00_a'/'env.json').read_text())
     assert seen == {**COMPUTE_ENV, 'OMP_WAIT_POLICY': 'ACTIVE'}
 
+def test_an_experiment_that_declares_portable_kernels_runs_on_them(project, monkeypatch):
+    """An experiment whose parameters declare `cpu_kernels = "portable"` (experiment 10: it trains at run time) computes on
+    `PORTABLE_KERNELS` whatever cap the environment sets, one that declares nothing on this CPU's own; inputs.json says which (issue 47)."""
+    from fusion_nb.reproduce.runner import PORTABLE_KERNELS
+    exp = project/'nbs'/'experiments'
+    for f in exp.iterdir(): f.unlink()
+    body = ("import json, os, torch\nfrom pathlib import Path\n"
+            f"Path(output_dir, 'env.json').write_text(json.dumps({{k: os.environ.get(k) for k in {sorted(PORTABLE_KERNELS)!r}}}))\n"
+            "Path(output_dir, 'capability.txt').write_text(torch.backends.cpu.get_cpu_capability())\n")
+    write_nb(exp/'00_portable.ipynb', body, params="profile = 'demo'\noutput_dir = None\ncpu_kernels = 'portable'   # trains at run time")
+    write_nb(exp/'01_native.ipynb', body)
+    for k in PORTABLE_KERNELS: monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX')   # .ci/other_cpu.py's cap on an AVX2 CPU
+    status, log = run(project, jobs=1)
+    assert status == {'00_portable': 'ok', '01_native': 'ok'}, log
+    out = project/'outputs'/'demo'
+    assert json.loads((out/'00_portable'/'env.json').read_text()) == PORTABLE_KERNELS
+    assert (out/'00_portable'/'capability.txt').read_text() == 'DEFAULT'
+    assert json.loads((out/'01_native'/'env.json').read_text()) == {'ATEN_CPU_CAPABILITY': None, 'MKL_CBWR': None, 'ONEDNN_MAX_CPU_ISA': 'AVX'}
+    assert [json.loads((out/n/'inputs.json').read_text())['cpu_kernels'] for n in status] == ['portable', 'native']
+
 # --- issue 54: an interrupted or failed experiment keeps what it finished, as a partial output -----------------------
 
 LONG_BODY = """

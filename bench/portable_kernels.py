@@ -1,0 +1,94 @@
+"""What the portable kernels cost experiment 10 (paper 001, NeuLig), and that they give the same bytes under another CPU's cap.
+
+    python bench/portable_kernels.py                         # micro: its run-time training, native vs portable, twice each
+    python bench/portable_kernels.py --profile tiny --steps 20   # tiny's models and batches, 20 steps of each learned part
+
+Experiment 10 declares `cpu_kernels = "portable"`: `fusion-nb reproduce` starts its kernel with
+`fusion_nb.reproduce.runner.PORTABLE_KERNELS`. This runs the parts of it that train at run time — NeuLig's Portland
+(semi-supervised and supervised), layer-wise AdaMerging's coefficients, WE-MoE's routers, RegMean's Gram matrices — each in
+a fresh process per setting (the kernels are chosen as a process starts), alternating native and portable so that the
+machine's load meets both alike, and prints each part's seconds (the best of the repeats), the ratio portable / native
+measured in this run, and the hash of what was trained (the fused weights; NeuLig: the saved Portland): equal hashes under `native+cap` and `portable+cap` would mean the
+cap changes nothing; `portable` and `portable+cap` must agree. Issue 47, item 4.
+"""
+from __future__ import annotations
+import argparse, json, os, subprocess, sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO/'.ci')]
+from fusion_nb.reproduce.runner import kernel_env
+from other_cpu import other_cpu_env
+
+PART = r"""
+import hashlib, json, sys, time, tempfile
+from pathlib import Path
+import torch
+from fusion_nb.reproduce.profiles import load_profile
+from fusion_nb.pools import ModelPool, TaskPool, PRETRAINED
+from fusion_nb.methods.data import MergeData, profile_settings
+from fusion_nb.neulig.neulig import neulig, save_portland
+from fusion_nb.reproduce.rows import fuse, fusion_settings
+from fusion_nb.tiny.tasks import NEULIG_TASKS
+profile, steps = sys.argv[1], int(sys.argv[2])
+P = load_profile(profile, tasks=NEULIG_TASKS)
+models, tasks = ModelPool.from_profile(P), TaskPool.from_profile(P)
+data = MergeData(models, tasks, seed=P.seed, num_workers=0)
+pre, experts = models.vision_state(PRETRAINED), {t: models.vision_state(t) for t in P.tasks}
+B = profile_settings(P, {'neulig_steps': 500, 'neulig_lr': 1e-3, 'neulig_batch_size': 16})
+S = dict(fusion_settings(P))
+if steps: B['neulig_steps'] = S['adamerging_steps'] = S['wemoe_steps'] = steps
+out, seconds, hashes = Path(tempfile.mkdtemp()), {}, {}
+digest = lambda files: hashlib.sha256(b''.join(f.read_bytes() for f in sorted(files))).hexdigest()[:12]
+for setting in ('semi-supervised', 'supervised'):
+    t0 = time.time()
+    neulig(pre, experts, data=data, setting=setting, steps=B['neulig_steps'], lr=B['neulig_lr'], batch_size=B['neulig_batch_size'],
+           seed=P.seed, progress=False, save_to=out/f'{setting}.safetensors')
+    seconds[f'NeuLig {setting}'], hashes[f'NeuLig {setting}'] = time.time() - t0, digest([out/f'{setting}.safetensors'])
+for r in ('regmean', 'layer_wise_adamerging', 'weight_ensembling_moe'):
+    t0 = time.time()
+    fused, _ = fuse(r, pre, experts, data, S, out/r, seed=P.seed, progress=False, paper='001')
+    seconds[r] = time.time() - t0
+    state = fused.state_dict() if isinstance(fused, torch.nn.Module) else fused   # RegMean: a state dict; the others: models
+    hashes[r] = hashlib.sha256(b''.join(v.detach().contiguous().numpy().tobytes() for k, v in sorted(state.items())
+                                        if torch.is_tensor(v) and v.is_floating_point())).hexdigest()[:12]
+print(json.dumps({'capability': torch.backends.cpu.get_cpu_capability(), 'seconds': seconds, 'hashes': hashes}))
+"""
+
+def run(profile:str, steps:int, env:dict)->dict:
+    r = subprocess.run([sys.executable, '-c', PART, profile, str(steps)], env=env, capture_output=True, text=True, cwd=REPO)
+    if r.returncode: sys.exit(r.stderr[-3000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+def main(argv=None)->int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--profile', default='micro'); ap.add_argument('--steps', type=int, default=0, help="each learned part's steps (0: the profile's)")
+    ap.add_argument('--repeats', type=int, default=2)
+    a = ap.parse_args(argv)
+    cap_name, cap = other_cpu_env()
+    base = {k: v for k, v in os.environ.items() if k not in {*cap, 'ATEN_CPU_CAPABILITY', 'MKL_CBWR', 'MKL_ENABLE_INSTRUCTIONS', 'ONEDNN_MAX_CPU_ISA'}}
+    base |= {'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}
+    settings = {'native': base, 'portable': kernel_env('portable', base)}
+    print(f"profile {a.profile}, steps: {a.steps or 'the profile'}'s, this CPU's kernels {cap_name}, capped with {cap}, "
+          f"{base['OMP_NUM_THREADS']} thread(s), load {os.getloadavg()[0]:.1f}", flush=True)
+    runs = {name: [] for name in settings}
+    for i in range(a.repeats):
+        for name, env in settings.items():
+            runs[name].append(run(a.profile, a.steps, env)); print(f"  {name} #{i + 1}: {runs[name][-1]}", flush=True)
+    capped = {name: run(a.profile, a.steps, {**env, **cap} if name == 'native' else kernel_env('portable', {**base, **cap}))
+              for name, env in settings.items()}
+    parts = list(runs['native'][0]['seconds'])
+    best = {name: {p: min(r['seconds'][p] for r in rs) for p in parts} for name, rs in runs.items()}
+    print(f"\n| part | native s | portable s | portable / native | native | native, capped | portable | portable, capped |")
+    print("|---|---:|---:|---:|---|---|---|---|")
+    for p in parts + ['all']:
+        n, q = (sum(best[k].values()) if p == 'all' else best[k][p] for k in ('native', 'portable'))
+        h = lambda r: '' if p == 'all' else r['hashes'][p]
+        print(f"| {p} | {n:.1f} | {q:.1f} | {q / n:.2f} | {h(runs['native'][0])} | {h(capped['native'])} | {h(runs['portable'][0])} | {h(capped['portable'])} |")
+    same = all(capped['portable']['hashes'][p] == runs['portable'][0]['hashes'][p] for p in parts)
+    print(f"\nportable kernels: {'the same bytes' if same else 'OTHER BYTES'} under the cap; native: "
+          f"{sum(capped['native']['hashes'][p] != runs['native'][0]['hashes'][p] for p in parts)} of {len(parts)} parts differ under the cap")
+    return 0 if same else 1
+
+if __name__ == '__main__':
+    sys.exit(main())
