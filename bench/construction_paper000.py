@@ -60,7 +60,7 @@ def cmd_build(a):
             timings['pretrain_s'] = round(time.time() - t0, 1)
             print(f'pretrained in {timings["pretrain_s"]} s', flush=True)
         t0 = time.time()
-        for t in EIGHT_TASKS:
+        for t in ([] if a.pretrain_only else EIGHT_TASKS):
             finetune_expert(clip_dir, t, Path(a.datasets)/t, out/f'clip-vit-tiny_{t}', cfg, seed=a.seed, progress=False)
         timings['experts_s'] = round(time.time() - t0, 1)
     curve = {f'loss, steps {i}-{i + 99}': round(float(np.mean(history[i:i + 100])), 3) for i in range(0, len(history), max(100, len(history) // 10 // 100 * 100))}
@@ -94,6 +94,22 @@ class ZooBench(Bench):
 
 def gain(x, z, e): return (x - z) / (e - z) if e != z else float('nan')
 
+def zero_shot_only(a, clip_dir:Path, t0:float):
+    "A pretrain-only candidate: zero-shot accuracy per task against chance."
+    from fusion_nb.pools import ModelPool, TaskPool, Task, PRETRAINED
+    from fusion_nb.evaluation import evaluate
+    from fusion_nb.tiny.tasks import EIGHT_TASKS
+    mp, tp = ModelPool(clip_dir, {}, device='cpu'), TaskPool([Task(t, Path(a.datasets)/t) for t in EIGHT_TASKS])
+    r = evaluate({'zero-shot': PRETRAINED}, mp, tp, batch_size=400, progress=False, max_samples=a.max_test_samples)
+    r = r[r.metric == 'accuracy'].set_index('task')['value'] * 100
+    df = pd.DataFrame({'chance': {t: 100 / len(tp[t].class_names) for t in EIGHT_TASKS}, 'zero-shot': r.reindex(EIGHT_TASKS)})
+    df['zs − chance'] = df['zero-shot'] - df['chance']; df.loc['Avg.'] = df.mean()
+    summary = {'zero-shot avg': df.loc['Avg.', 'zero-shot'], 'min zs − chance': df['zs − chance'].drop('Avg.').min()}
+    text = [f'# candidate {a.name} (pretrain only): {clip_dir}, measured in {time.time() - t0:.0f} s', df.round(2).to_string()]
+    print('\n'.join(text)); OUT.mkdir(exist_ok=True); (OUT/f'{a.name}.txt').write_text('\n'.join(text) + '\n')
+    (OUT/f'{a.name}.json').write_text(json.dumps({'candidate': json.loads((Path(a.scratch)/a.name/'candidate.json').read_text()),
+                                                  'summary': summary, 'per_task': df.to_dict()}, indent=1, default=float))
+
 def cmd_measure(a):
     from scipy.stats import spearmanr
     from fusion_nb.tiny.tasks import EIGHT_TASKS
@@ -102,6 +118,7 @@ def cmd_measure(a):
     else:
         rec = json.loads((Path(a.scratch)/a.name/'candidate.json').read_text())
         clip_dir, models = Path(rec['clip']), Path(a.scratch)/a.name
+    if not (models/f'clip-vit-tiny_{EIGHT_TASKS[0]}').exists(): return zero_shot_only(a, clip_dir, t0)
     B = ZooBench(clip_dir, {t: models/f'clip-vit-tiny_{t}' for t in EIGHT_TASKS}, Path(a.datasets), a.max_test_samples)
     ta = B.merged(lambda t, k: 0.3)
     rows = {}
@@ -172,6 +189,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     sub = ap.add_subparsers(dest='what', required=True)
     b = sub.add_parser('build'); b.add_argument('name'); b.add_argument('--clip-from'); b.add_argument('--scale', default='tiny')
+    b.add_argument('--pretrain-only', action='store_true', help='no experts: `measure` then gives zero-shot only')
     for f, typ in FIELDS.items(): b.add_argument('--' + f.replace('_', '-'), type=typ)
     m = sub.add_parser('measure'); m.add_argument('name'); m.add_argument('--models', help='a zoo folder (default: the candidate NAME)')
     m.add_argument('--grid', action='store_true'); m.add_argument('--max-test-samples', type=int, default=0)
