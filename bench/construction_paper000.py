@@ -1,0 +1,207 @@
+#!/usr/bin/env python
+"""Candidate constructions of the tiny zoo for paper 000 (issue 47, item 2): build one into a scratch folder, measure it.
+
+    python bench/construction_paper000.py build NAME [--pretrain-steps N --pretrain-pairs N --intermediate-size N
+                                                      --finetune-lr X --finetune-steps N ... --clip-from OTHER]
+    python bench/construction_paper000.py measure NAME [--grid]      # → bench/construction_paper000/NAME.json and .txt
+    python bench/construction_paper000.py measure pinned --models /work/main/data/tiny/models   # the pinned zoo, same bench
+    python bench/construction_paper000.py compare NAME...            # the candidates side by side
+
+A candidate is the tiny `ZooConfig` with some fields replaced (`dataclasses.replace`): the package is not touched, the
+datasets are the tiny benchmark's (`--datasets`, a built data/tiny/datasets), the weights go to `--scratch`/NAME.
+`--clip-from OTHER` reuses OTHER's pretrained CLIP (only the experts are fine-tuned): a fine-tune recipe on the same CLIP.
+Only the eight tasks of paper 000 get experts (the package builds twelve). Training runs under `deterministic(--threads)`
+(the published build uses 2 threads; 1 here gives other weights of the same recipe, which is what a candidate needs).
+
+`measure` computes, with the frozen zero-shot heads the experiments use and the same measurements as
+bench/diagnose_paper000.py (its `kind`, `entropies`): per task zero-shot vs chance, expert, task arithmetic λ = 0.3 and its
+normalised accuracy, the share of the expert's gain over θ₀ kept by θ₀ + the expert's MLPs (the MLP-swap share) and by
+everything but the MLPs, WE-MoE's oracle (the expert's MLPs, task arithmetic 0.3 elsewhere: what one-hot routing
+gives), the per-sample Spearman ρ(entropy, loss) at TA 0.3, ‖τ‖² share of the MLPs and the task vectors' cosines;
+`--grid` adds ρ(entropy, error) across task arithmetic λ ∈ {0, 0.1, …, 1} per task (11 merged models).
+"""
+from __future__ import annotations
+import argparse, json, math, sys, time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT/'bench'))
+from diagnose_paper000 import Bench, entropies, kind   # the diagnosis's measurements, reused as they are
+
+pd.set_option('display.width', 250); pd.set_option('display.max_columns', 40)
+OUT = ROOT/'bench'/'construction_paper000'
+SCRATCH = Path('/work/scratch-47/zoos')
+FIELDS = {'hidden_size': int, 'intermediate_size': int, 'num_layers': int, 'num_heads': int, 'pretrain_pairs': int,
+          'pretrain_steps': int, 'pretrain_batch': int, 'pretrain_lr': float, 'pretrain_weight_decay': float,
+          'finetune_steps': int, 'finetune_batch': int, 'finetune_lr': float}
+
+
+def cmd_build(a):
+    from fusion_nb.tiny.zoo import deterministic, finetune_expert, pretrain_clip, zoo_config
+    from fusion_nb.tiny.tasks import EIGHT_TASKS
+    cfg = replace(zoo_config(a.scale), **{f: getattr(a, f) for f in FIELDS if getattr(a, f) is not None})
+    out = Path(a.scratch)/a.name; out.mkdir(parents=True, exist_ok=True)
+    timings, clip_dir = {}, out/'clip-vit-tiny'
+    with deterministic(a.threads):
+        history = []
+        if a.clip_from and (Path(a.clip_from)/'config.json').exists():   # a CLIP folder (the pinned zoo's): the scale's sizes
+            clip_dir = Path(a.clip_from)
+        elif a.clip_from:
+            src = Path(a.scratch)/a.clip_from
+            clip_dir, src_cfg = src/'clip-vit-tiny', json.loads((src/'candidate.json').read_text())['config']
+            cfg = replace(cfg, **{k: v for k, v in src_cfg.items() if not k.startswith('finetune')})   # the CLIP's own sizes
+        else:
+            t0 = time.time(); pretrain_clip(clip_dir, cfg, seed=a.seed, progress=False, history=history)
+            timings['pretrain_s'] = round(time.time() - t0, 1)
+            print(f'pretrained in {timings["pretrain_s"]} s', flush=True)
+        t0 = time.time()
+        for t in ([] if a.pretrain_only else EIGHT_TASKS):
+            finetune_expert(clip_dir, t, Path(a.datasets)/t, out/f'clip-vit-tiny_{t}', cfg, seed=a.seed, progress=False)
+        timings['experts_s'] = round(time.time() - t0, 1)
+    curve = {f'loss, steps {i}-{i + 99}': round(float(np.mean(history[i:i + 100])), 3) for i in range(0, len(history), max(100, len(history) // 10 // 100 * 100))}
+    rec = {'name': a.name, 'config': asdict(cfg), 'clip': str(clip_dir), 'seed': a.seed, 'threads': a.threads, 'timings': timings,
+           'pretrain_loss': curve}
+    (out/'candidate.json').write_text(json.dumps(rec, indent=1))
+    print(json.dumps(rec, indent=1))
+
+
+class ZooBench(Bench):
+    "diagnose_paper000's Bench on a candidate zoo's folders instead of a profile's."
+    def __init__(self, clip_dir:Path, expert_dirs:dict, datasets:Path, max_test_samples:int, seed:int=0):
+        from types import SimpleNamespace
+        from fusion_nb.pools import ModelPool, TaskPool, Task, PRETRAINED
+        from fusion_nb.evaluation import image_loader
+        from fusion_nb.methods.data import MergeData
+        self.P = SimpleNamespace(seed=seed, max_test_samples=max_test_samples, test_split='test')
+        self.models = ModelPool(clip_dir, expert_dirs, device='cpu')
+        self.tasks = TaskPool([Task(t, datasets/t) for t in expert_dirs])
+        self.data = MergeData(self.models, self.tasks, seed=seed, max_test_samples=max_test_samples)
+        self.names = list(expert_dirs)
+        self.pre = {k: v.float() for k, v in dict(self.models.vision_state(PRETRAINED)).items()}
+        self.experts = {t: {k: v.float() for k, v in dict(self.models.vision_state(t)).items()} for t in self.names}
+        self.tau = {t: {k: e[k] - self.pre[k] for k in self.pre} for t, e in self.experts.items()}
+        self.pixels, self.labels = {}, {}
+        for t in self.names:
+            ds = self.tasks[t].load('test', max_samples=max_test_samples, seed=seed)
+            px, lb = zip(*[(b['pixel_values'], b['label']) for b in image_loader(ds, self.models.processor, batch_size=256)])
+            self.pixels[t], self.labels[t] = torch.cat(px), torch.cat(lb)
+
+
+def gain(x, z, e): return (x - z) / (e - z) if e != z else float('nan')
+
+def zero_shot_only(a, clip_dir:Path, t0:float):
+    "A pretrain-only candidate: zero-shot accuracy per task against chance."
+    from fusion_nb.pools import ModelPool, TaskPool, Task, PRETRAINED
+    from fusion_nb.evaluation import evaluate
+    from fusion_nb.tiny.tasks import EIGHT_TASKS
+    mp, tp = ModelPool(clip_dir, {}, device='cpu'), TaskPool([Task(t, Path(a.datasets)/t) for t in EIGHT_TASKS])
+    r = evaluate({'zero-shot': PRETRAINED}, mp, tp, batch_size=400, progress=False, max_samples=a.max_test_samples)
+    r = r[r.metric == 'accuracy'].set_index('task')['value'] * 100
+    df = pd.DataFrame({'chance': {t: 100 / len(tp[t].class_names) for t in EIGHT_TASKS}, 'zero-shot': r.reindex(EIGHT_TASKS)})
+    df['zs − chance'] = df['zero-shot'] - df['chance']; df.loc['Avg.'] = df.mean()
+    summary = {'zero-shot avg': df.loc['Avg.', 'zero-shot'], 'min zs − chance': df['zs − chance'].drop('Avg.').min()}
+    text = [f'# candidate {a.name} (pretrain only): {clip_dir}, measured in {time.time() - t0:.0f} s', df.round(2).to_string()]
+    print('\n'.join(text)); OUT.mkdir(exist_ok=True); (OUT/f'{a.name}.txt').write_text('\n'.join(text) + '\n')
+    (OUT/f'{a.name}.json').write_text(json.dumps({'candidate': json.loads((Path(a.scratch)/a.name/'candidate.json').read_text()),
+                                                  'summary': summary, 'per_task': df.to_dict()}, indent=1, default=float))
+
+def cmd_measure(a):
+    from scipy.stats import spearmanr
+    from fusion_nb.tiny.tasks import EIGHT_TASKS
+    t0 = time.time()
+    if a.models: clip_dir, models = Path(a.models)/'clip-vit-tiny', Path(a.models)
+    else:
+        rec = json.loads((Path(a.scratch)/a.name/'candidate.json').read_text())
+        clip_dir, models = Path(rec['clip']), Path(a.scratch)/a.name
+    if not (models/f'clip-vit-tiny_{EIGHT_TASKS[0]}').exists(): return zero_shot_only(a, clip_dir, t0)
+    B = ZooBench(clip_dir, {t: models/f'clip-vit-tiny_{t}' for t in EIGHT_TASKS}, Path(a.datasets), a.max_test_samples)
+    ta = B.merged(lambda t, k: 0.3)
+    rows = {}
+    for t in B.names:
+        lg_z, lg_e, lg_ta = B.logits(t, B.pre), B.logits(t, B.experts[t]), B.logits(t, ta)
+        acc = lambda lg: 100 * float((lg.argmax(-1) == B.labels[t]).float().mean())
+        z, e, a_ = acc(lg_z), acc(lg_e), acc(lg_ta)
+        mlp = B.accuracy(t, B.swapped(t, {'mlp'}))
+        rest = B.accuracy(t, B.swapped(t, {'attention', 'embeddings', 'layer_norm'}))
+        oracle = B.accuracy(t, {k: (B.experts[t][k] if kind(k) == 'mlp' else ta[k]) for k in B.pre})
+        loss = torch.nn.functional.cross_entropy(lg_ta, B.labels[t], reduction='none')
+        chance = 100 / len(B.tasks[t].class_names)
+        rows[t] = {'chance': chance, 'zero-shot': z, 'zs − chance': z - chance, 'expert': e, 'TA 0.3': a_, 'TA norm.': 100 * a_ / e,
+                   'TA gain share': gain(a_, z, e), 'MLP-swap share': gain(mlp, z, e), 'all-but-MLP share': gain(rest, z, e),
+                   'oracle (MLP expert, TA else)': oracle, 'oracle / expert': 100 * oracle / e,
+                   'ρ entropy~loss per sample (TA 0.3)': spearmanr(entropies(lg_ta).numpy(), loss.numpy())[0]}
+    keys = list(B.pre)
+    for t in B.names:
+        sq = {k: float(B.tau[t][k].double().pow(2).sum()) for k in keys}
+        rows[t]['MLP ‖τ‖² share'] = sum(v for k, v in sq.items() if kind(k) == 'mlp') / sum(sq.values())
+        rows[t]['‖τ‖/‖θ₀‖'] = math.sqrt(sum(sq.values()) / sum(float(B.pre[k].double().pow(2).sum()) for k in keys))
+    if a.grid:
+        recs = []
+        for lam in np.round(np.arange(0, 1.01, 0.1), 1):
+            p = B.merged(lambda t, k: float(lam))
+            for t in B.names:
+                lg = B.logits(t, p)
+                recs.append(dict(lam=lam, task=t, entropy=float(entropies(lg).mean()), error=100 * float((lg.argmax(-1) != B.labels[t]).float().mean())))
+        g = pd.DataFrame(recs)
+        for t in B.names:
+            d = g[g.task == t]; rows[t]['ρ entropy~error TA grid'] = spearmanr(d.entropy, d.error)[0]
+        tot = g.groupby('lam').agg(entropy=('entropy', 'sum'), error=('error', 'mean'))
+        grid_pick = {'λ lowest Σ entropy': float(tot.entropy.idxmin()), 'acc at it': 100 - float(tot.loc[tot.entropy.idxmin(), 'error']),
+                     'λ best accuracy': float(tot.error.idxmin()), 'best acc': 100 - float(tot.error.min()),
+                     'ρ 8-task Σ entropy ~ mean error': spearmanr(tot.entropy, tot.error)[0]}
+    v = torch.stack([torch.cat([B.tau[t][k].double().flatten() for k in keys]) for t in B.names]); v = v / v.norm(dim=1, keepdim=True)
+    cos = (v @ v.T).numpy()[~np.eye(len(B.names), dtype=bool)]
+    df = pd.DataFrame(rows).T; df.loc['Avg.'] = df.mean()
+    summary = {'zero-shot avg': df.loc['Avg.', 'zero-shot'], 'min zs − chance': df['zs − chance'].drop('Avg.').min(),
+               'expert avg': df.loc['Avg.', 'expert'], 'TA 0.3 avg': df.loc['Avg.', 'TA 0.3'], 'TA norm. avg': df.loc['Avg.', 'TA norm.'],
+               'MLP-swap share avg': df.loc['Avg.', 'MLP-swap share'], 'oracle avg': df.loc['Avg.', 'oracle (MLP expert, TA else)'],
+               'oracle / expert avg': df.loc['Avg.', 'oracle / expert'], 'ρ per sample avg': df.loc['Avg.', 'ρ entropy~loss per sample (TA 0.3)'],
+               'min ρ per sample': df['ρ entropy~loss per sample (TA 0.3)'].drop('Avg.').min(),
+               'experts ≥ 99.5': int((df['expert'].drop('Avg.') >= 99.5).sum()), 'cos off-diag mean': float(cos.mean()), 'cos max': float(cos.max()),
+               **({'ρ TA grid avg': df.loc['Avg.', 'ρ entropy~error TA grid'], 'min ρ TA grid': df['ρ entropy~error TA grid'].drop('Avg.').min(), **grid_pick} if a.grid else {})}
+    text = [f'# candidate {a.name}: {models} ({len(B.labels[B.names[0]])} test images per task), measured in {time.time() - t0:.0f} s',
+            df.round(2).to_string(), '', pd.Series(summary).round(3).to_string()]
+    print('\n'.join(text))
+    OUT.mkdir(exist_ok=True)
+    (OUT/f'{a.name}.txt').write_text('\n'.join(text) + '\n')
+    cand = Path(a.scratch)/a.name/'candidate.json'
+    (OUT/f'{a.name}.json').write_text(json.dumps({'candidate': json.loads(cand.read_text()) if cand.exists() else {'models': str(models)},
+                                                  'summary': summary, 'per_task': df.to_dict()}, indent=1, default=float))
+
+
+def cmd_compare(a):
+    recs = {n: json.loads((OUT/f'{n}.json').read_text()) for n in a.names}
+    df = pd.DataFrame({n: r['summary'] for n, r in recs.items()})
+    diff = {n: {k: v for k, v in r['candidate'].get('config', {}).items()
+                if v != recs[a.names[0]]['candidate'].get('config', {}).get(k)} for n, r in recs.items()}
+    print(df.round(3).to_string()); print()
+    for n, d in diff.items(): print(f'{n}: {d} {recs[n]["candidate"].get("timings", "")}')
+    z = pd.DataFrame({n: r['per_task']['zero-shot'] for n, r in recs.items()}); print('\nzero-shot per task'); print(z.round(1).to_string())
+    e = pd.DataFrame({n: r['per_task']['expert'] for n, r in recs.items()}); print('\nexperts per task'); print(e.round(1).to_string())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    sub = ap.add_subparsers(dest='what', required=True)
+    b = sub.add_parser('build'); b.add_argument('name'); b.add_argument('--clip-from'); b.add_argument('--scale', default='tiny')
+    b.add_argument('--pretrain-only', action='store_true', help='no experts: `measure` then gives zero-shot only')
+    for f, typ in FIELDS.items(): b.add_argument('--' + f.replace('_', '-'), type=typ)
+    m = sub.add_parser('measure'); m.add_argument('name'); m.add_argument('--models', help='a zoo folder (default: the candidate NAME)')
+    m.add_argument('--grid', action='store_true'); m.add_argument('--max-test-samples', type=int, default=0)
+    c = sub.add_parser('compare'); c.add_argument('names', nargs='+')
+    for p in (b, m):
+        p.add_argument('--scratch', default=str(SCRATCH)); p.add_argument('--datasets', default='/work/scratch-47/datasets')
+        p.add_argument('--threads', type=int, default=1); p.add_argument('--seed', type=int, default=0)
+    a = ap.parse_args(argv)
+    if a.what != 'compare': torch.set_num_threads(a.threads)
+    t0 = time.time()
+    {'build': cmd_build, 'measure': cmd_measure, 'compare': cmd_compare}[a.what](a)
+    print(f'\n# {a.what}: {time.time() - t0:.0f} s wall')
+
+if __name__ == '__main__':
+    main()
