@@ -43,6 +43,13 @@ def rho(x, y)->float:
     return float('nan') if len(set(x)) < 2 or len(set(y)) < 2 else float(spearmanr(x, y).statistic)
 
 
+def mean_ratio(member_u, step_u)->dict:
+    "Each step's eq. 1 against the mean of its members' (descending order): if a merge's uncertainty is about its members' mean, the running mean of a descending sort can only fall, and the argmin is the last step."
+    rm = np.cumsum(member_u) / np.arange(1, len(member_u) + 1)
+    return dict(running_mean=np.round(rm, 4).tolist(), step_over_running_mean=np.round(np.asarray(step_u) / rm, 3).tolist(),
+                pearson_running_mean_step=float(np.corrcoef(rm, step_u)[0, 1]))
+
+
 def paper(args):
     "Spearman ρ on paper 004's Table 4, and its pool's uncertainty spread (Table 7)."
     t = PAPER_T4; u = t['uncertainty']
@@ -54,6 +61,7 @@ def paper(args):
                held_out_change_at_steps_8_9_10=[round(t['held_out'][k] - t['held_out'][k - 1], 2) for k in (7, 8, 9)],
                pool_uncertainty_max_over_min=max(PAPER_T7.values()) / min(PAPER_T7.values()),
                pool_order_descending=sorted(PAPER_T7, key=PAPER_T7.get, reverse=True))
+    out['mean_ratio'] = mean_ratio(sorted(PAPER_T7.values(), reverse=True), u)   # Table 7's order is Table 4's (ShareGPT, RefCOCO, TextCaps last)
     return out
 
 
@@ -129,7 +137,9 @@ def candidate_zoo(P, root:Path, manifest:dict, recipe:dict, name:str, spec:dict)
     from fusion_nb.tiny.zoo import deterministic
     spec = CAND_DEFAULTS | dict(spec)
     if spec == CAND_DEFAULTS: return root, manifest
-    key = hashlib.sha256(json.dumps(dict(spec=spec, zoo=root.name, code=Path(__file__).read_text()), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    import inspect
+    code = ''.join(inspect.getsource(f) for f in (harmful_examples, train_robust, candidate_zoo))   # what turns a spec into weights
+    key = hashlib.sha256(json.dumps(dict(spec=spec, zoo=root.name, code=code), sort_keys=True, default=str).encode()).hexdigest()[:10]
     out = REPO/'outputs'/'diagnose_uq_merge'/P.build/f'cand-{name}-{key}'
     if (out/'manifest.json').exists(): return out, json.loads((out/'manifest.json').read_text())
     tmp = out.with_name(out.name + '.partial'); shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
@@ -172,6 +182,12 @@ def is_harmful(v:dict)->bool:
     return bool(v.get('captions') or v.get('harmful') or v.get('keep_class') is not None or v.get('permute') is not None)
 
 
+def candidate_name(candidate:str)->str:
+    "A named candidate's name; a JSON spec's: custom-<digest of the spec>."
+    import hashlib
+    return candidate if candidate in CANDIDATES else 'custom-' + hashlib.sha256(json.dumps(json.loads(candidate), sort_keys=True).encode()).hexdigest()[:8]
+
+
 def setup(profile:str, candidate:str='default'):
     "Profile, zoo (built or restored; a candidate pool built from it), held-in / held-out sets and J, as experiment 40 sets them up."
     from fusion_nb.reproduce.profiles import load_profile
@@ -183,7 +199,7 @@ def setup(profile:str, candidate:str='default'):
     if e := P.extra.get('llava_zoo_examples'): recipe.update(zip(['n_captions', 'n_general', 'n_train'], map(int, str(e).split())))
     root, manifest = llava_zoo(REPO/'data'/P.build/'llava', recipe, progress=False)
     spec = CANDIDATES[candidate] if candidate in CANDIDATES else json.loads(candidate)
-    root, manifest = candidate_zoo(P, root, manifest, recipe, candidate if candidate in CANDIDATES else 'custom', spec)
+    root, manifest = candidate_zoo(P, root, manifest, recipe, candidate_name(candidate), spec)
     held_in, held_out = zoo_benchmark(int(P.extra.get('llava_n_held_in', 16)), int(P.extra.get('llava_n_held_out', 16)), seed=P.seed)
     models = {n: root/v['path'] for n, v in manifest['variants'].items()}
     return P, root, manifest, models, held_in, held_out, int(P.extra.get('llava_passes', DEFAULT_J))
@@ -226,7 +242,8 @@ def pool(args):
                rho_steps_held_in=rho(st.uncertainty, st.avg_held_in), rho_steps_held_out=rho(st.uncertainty, st.avg_held_out),
                rho_steps_held_out_from_step3=rho(st.uncertainty[2:], st.avg_held_out[2:]),
                steps_uncertainty_monotone_down=bool((np.diff(st.uncertainty) < 0).all()),
-               selected_step=int(st[st.selected].step.iloc[0]), best_held_out_step=int(st.avg_held_out.idxmax() + 1))
+               selected_step=int(st[st.selected].step.iloc[0]), best_held_out_step=int(st.avg_held_out.idxmax() + 1),
+               mean_ratio=mean_ratio(s.uncertainty.tolist(), st.uncertainty.tolist()))
     return out
 
 
@@ -340,7 +357,7 @@ def main(argv=None):
     out['seconds'] = round(time.perf_counter() - t0, 1)
     d = REPO/'outputs'/'diagnose_uq_merge'/a.profile; d.mkdir(parents=True, exist_ok=True)
     out['candidate'] = a.candidate
-    (d/(f'{a.what}.json' if a.candidate == 'default' else f'{a.what}-{a.candidate if a.candidate in CANDIDATES else "custom"}.json')).write_text(json.dumps(out, indent=2, default=str))
+    (d/(f'{a.what}.json' if a.candidate == 'default' else f'{a.what}-{candidate_name(a.candidate)}.json')).write_text(json.dumps(out, indent=2, default=str))
     print(json.dumps(out, indent=1, default=str)[:6000])
 
 
