@@ -6,6 +6,9 @@
     python bench/diagnose_uq_merge.py loo --profile tiny         # b.  merge of all vs merge without each model
     python bench/diagnose_uq_merge.py noise --profile tiny       # b'. eq. 1's seed spread on those merges (paired)
     python bench/diagnose_uq_merge.py vectors --profile tiny     # c.  task vectors of the variants: norms, cosines
+    python bench/diagnose_uq_merge.py screen --profile tiny --candidate abstain_robust   # d. a candidate pool (CANDIDATES or a JSON
+                                                                 #    spec): every model, the base, merges with and without each harmful one
+    (every subcommand takes --candidate; candidates are built from the pinned zoo's stages under outputs/, never in the package)
 
 Everything is measured as experiment 40 measures it: the zoo of `ZOO` (the profile's step/example overrides applied),
 `zoo_benchmark` with the profile's question counts and seed, eq. 1 with J = the profile's `llava_passes` (default
@@ -13,7 +16,7 @@ Everything is measured as experiment 40 measures it: the zoo of `ZOO` (the profi
 (paper 004's Merge(·)). Held-in accuracy: the clean answer letters of the uncertainty questions; held-out accuracy:
 exact match of the short answers (never used for selection). Results go to outputs/diagnose_uq_merge/<profile>/*.json;
 the baseline of every difference is measured in the same run (the all-models merge for `loo`, the base for `vectors`).
-Nothing here changes the construction, the zoo or any method.
+Nothing here changes the package's construction, its zoo or any method: candidate pools are bench-only.
 
 In a worktree whose data/ is a symlink into another checkout, set FUSION_NB_PINS=$PWD/pins: the pin store is only
 consulted for folders under the store's own checkout's data/, so without it the zoo is trained, not restored.
