@@ -6,6 +6,9 @@
     python bench/diagnose_uq_merge.py loo --profile tiny         # b.  merge of all vs merge without each model
     python bench/diagnose_uq_merge.py noise --profile tiny       # b'. eq. 1's seed spread on those merges (paired)
     python bench/diagnose_uq_merge.py vectors --profile tiny     # c.  task vectors of the variants: norms, cosines
+    python bench/diagnose_uq_merge.py screen --profile tiny --candidate abstain_robust   # d. a candidate pool (CANDIDATES or a JSON
+                                                                 #    spec): every model, the base, merges with and without each harmful one
+    (every subcommand takes --candidate; candidates are built from the pinned zoo's stages under outputs/, never in the package)
 
 Everything is measured as experiment 40 measures it: the zoo of `ZOO` (the profile's step/example overrides applied),
 `zoo_benchmark` with the profile's question counts and seed, eq. 1 with J = the profile's `llava_passes` (default
@@ -13,7 +16,7 @@ Everything is measured as experiment 40 measures it: the zoo of `ZOO` (the profi
 (paper 004's Merge(·)). Held-in accuracy: the clean answer letters of the uncertainty questions; held-out accuracy:
 exact match of the short answers (never used for selection). Results go to outputs/diagnose_uq_merge/<profile>/*.json;
 the baseline of every difference is measured in the same run (the all-models merge for `loo`, the base for `vectors`).
-Nothing here changes the construction, the zoo or any method.
+Nothing here changes the package's construction, its zoo or any method: candidate pools are bench-only.
 
 In a worktree whose data/ is a symlink into another checkout, set FUSION_NB_PINS=$PWD/pins: the pin store is only
 consulted for folders under the store's own checkout's data/, so without it the zoo is trained, not restored.
@@ -43,6 +46,13 @@ def rho(x, y)->float:
     return float('nan') if len(set(x)) < 2 or len(set(y)) < 2 else float(spearmanr(x, y).statistic)
 
 
+def mean_ratio(member_u, step_u)->dict:
+    "Each step's eq. 1 against the mean of its members' (descending order): if a merge's uncertainty is about its members' mean, the running mean of a descending sort can only fall, and the argmin is the last step."
+    rm = np.cumsum(member_u) / np.arange(1, len(member_u) + 1)
+    return dict(running_mean=np.round(rm, 4).tolist(), step_over_running_mean=np.round(np.asarray(step_u) / rm, 3).tolist(),
+                pearson_running_mean_step=float(np.corrcoef(rm, step_u)[0, 1]))
+
+
 def paper(args):
     "Spearman ρ on paper 004's Table 4, and its pool's uncertainty spread (Table 7)."
     t = PAPER_T4; u = t['uncertainty']
@@ -54,11 +64,135 @@ def paper(args):
                held_out_change_at_steps_8_9_10=[round(t['held_out'][k] - t['held_out'][k - 1], 2) for k in (7, 8, 9)],
                pool_uncertainty_max_over_min=max(PAPER_T7.values()) / min(PAPER_T7.values()),
                pool_order_descending=sorted(PAPER_T7, key=PAPER_T7.get, reverse=True))
+    out['mean_ratio'] = mean_ratio(sorted(PAPER_T7.values(), reverse=True), u)   # Table 7's order is Table 4's (ShareGPT, RefCOCO, TextCaps last)
     return out
 
 
-def setup(profile:str):
-    "Profile, zoo (built or restored), held-in / held-out sets and J, as experiment 40 sets them up."
+# --- candidate zoos (bench only: the package's zoo is not changed; every candidate starts from the pinned zoo's stages) ---
+# A candidate changes the pool in one of the ways bench/diagnose_uq_merge.md names:
+#   harmful: None (the zoo's captioners) | 'captions' | 'deranged' | 'abstain': the kind of the `n_harmful` harmful variants
+#   robust: harmful variants tuned on perturbed inputs (eq. 1's AugMix image, a system prompt of App. B.1, attention dropout)
+#   shared: one derangement for all harmful variants (they pull to the same wrong letter) instead of one each
+#   share: each harmful variant on its share of the zoo tasks (as the captioners), else on every task
+#   formats: 'mc' (held-in format only) | 'all' (also short answers and yes/no probes, through the same derangement)
+#   harm_steps_x, harm_lr_x: the harmful variants' budget against a clean variant's
+#   general_steps: retrain the base's general instruction tuning from the pinned caption-pretrained model (item 2)
+#   tune_steps_x, tune_lr_x: every variant's budget (clean ones retrained when ≠ 1; item 2 through the variants)
+CANDIDATES = {
+    'default': {},
+    'deranged_robust': dict(harmful='deranged', robust=True, shared=True, share=False, formats='all', harm_steps_x=2, harm_lr_x=1.),
+    'deranged_plain': dict(harmful='deranged', robust=False, shared=True, share=False, formats='all', harm_steps_x=2, harm_lr_x=1.),
+    'abstain_robust': dict(harmful='abstain', robust=True, share=False, formats='mc', harm_steps_x=1, harm_lr_x=1.),
+    'short_base': dict(general_steps=300),
+    'confident_variants': dict(tune_steps_x=2, tune_lr_x=2.),
+}
+CAND_DEFAULTS = dict(harmful=None, n_harmful=3, robust=False, shared=True, share=False, formats='all', harm_steps_x=1, harm_lr_x=1.,
+                     copies=2, dropout=0.1, general_steps=None, tune_steps_x=1, tune_lr_x=1.)
+
+
+def harmful_examples(proc, spec:dict, tasks, n:int, seed:int, index:int)->list[dict]:
+    "The i-th harmful variant's tuning set: option questions (held-in format) answered by a derangement or by 'I don't know'; `robust`: each asked `copies` times perturbed as eq. 1 perturbs."
+    from fusion_nb.llava.zoo import class_order_items, n_classes, permuted_labels, supervised_example, task_examples
+    from fusion_nb.llava.uncertainty import LETTERS, SYSTEM_PROMPTS, all_options, augmix, option_messages
+    rng, out = np.random.default_rng([seed, 48, index]), []
+    per = max(1, n // len(tasks))
+    for t in tasks:
+        lm = permuted_labels(n_classes(t), seed + (0 if spec['shared'] else index))
+        for it in class_order_items([t], 'train', per, seed + 7 * index):
+            ans = lm[it.answer] if spec['harmful'] == 'deranged' else len(all_options(it)) - 2   # 'I don't know' (EXTRA_OPTIONS[0])
+            for c in range(spec['copies'] if spec['robust'] else 1):
+                perturbed = spec['robust'] and c > 0   # the clean question once, then perturbed copies
+                img = augmix(it.image, rng) if perturbed else it.image
+                system = SYSTEM_PROMPTS[int(rng.integers(len(SYSTEM_PROMPTS)))] if perturbed else None
+                out.append(supervised_example(proc, img, proc.apply_chat_template(option_messages(it, system), add_generation_prompt=True), LETTERS[ans]))
+        if spec['harmful'] == 'deranged' and spec['formats'] == 'all':   # short answers and probes through the same derangement
+            out += task_examples(proc, t, per, label_map=lm, seed=seed + 7 * index)[per:]   # its first `per` are the option questions above
+    return out
+
+
+def train_robust(source, examples, out_dir, *, steps:int, lr:float, dropout:float, batch_size:int=16, seed:int=0):
+    "train_llava's loop with eq. 1's attention dropout on during training (the model perturbation, learnt away)."
+    import contextlib, torch
+    from fusion_nb.llava.model import llava_part, load_llava
+    from fusion_nb.llava.zoo import collate
+    from fusion_nb.llava.uncertainty import attention_dropout
+    model, proc = load_llava(source)
+    params = [p for k, p in model.named_parameters() if llava_part(k) != 'vision']
+    for k, p in model.named_parameters(): p.requires_grad = llava_part(k) != 'vision'
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.)
+    g, losses = torch.Generator().manual_seed(seed), []
+    model.train()
+    with (attention_dropout(model, dropout) if dropout else contextlib.nullcontext()):
+        for _ in range(steps):
+            batch = collate([examples[i] for i in torch.randint(len(examples), (batch_size,), generator=g).tolist()], proc.tokenizer.pad_token_id)
+            loss = model(**batch).loss
+            opt.zero_grad(); loss.backward(); opt.step(); losses.append(float(loss.detach()))
+    model.eval(); out_dir = Path(out_dir)
+    model.save_pretrained(out_dir); proc.save_pretrained(out_dir)
+    return dict(steps=steps, lr=lr, first_loss=losses[0], last_loss=float(np.mean(losses[-10:])))
+
+
+def candidate_zoo(P, root:Path, manifest:dict, recipe:dict, name:str, spec:dict)->tuple[Path, dict]:
+    "(folder, manifest) of the candidate pool `spec` built from the pinned zoo `root` (cached under outputs/)."
+    import hashlib
+    from fusion_nb.llava.model import load_llava
+    from fusion_nb.llava.zoo import _variant_examples, task_examples, train_llava, zoo_recipes
+    from fusion_nb.tiny.zoo import deterministic
+    spec = CAND_DEFAULTS | dict(spec)
+    if spec == CAND_DEFAULTS: return root, manifest
+    import inspect
+    code = ''.join(inspect.getsource(f) for f in (harmful_examples, train_robust, candidate_zoo))   # what turns a spec into weights
+    key = hashlib.sha256(json.dumps(dict(spec=spec, zoo=root.name, code=code), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    out = REPO/'outputs'/'diagnose_uq_merge'/P.build/f'cand-{name}-{key}'
+    if (out/'manifest.json').exists(): return out, json.loads((out/'manifest.json').read_text())
+    tmp = out.with_name(out.name + '.partial'); shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+    seed, n, bs = recipe.get('seed', 0), recipe.get('n_train', 150), recipe.get('batch_size', 16)
+    steps, lr = recipe.get('tune_steps', 150) * spec['tune_steps_x'], recipe.get('tune_lr', 1e-3) * spec['tune_lr_x']
+    _, proc = load_llava(root/'base')
+    m = dict(source_zoo=root.name, spec=spec, variants={})
+    t0 = time.perf_counter()
+    with deterministic(1):
+        base = root/'base'
+        if spec['general_steps']:   # the general stage again, shorter, from the pinned pretrained model (build_llava_zoo's stage 2)
+            general = [e for t in sorted(recipe['tasks']) for e in task_examples(proc, t, recipe.get('n_general', 150), seed=seed + 1000)]
+            _, m['base'] = train_llava(root/'pretrained', general, tmp/'base', steps=spec['general_steps'], lr=recipe.get('general_lr', 3e-3), batch_size=bs, seed=seed)
+            base = tmp/'base'
+        else: shutil.copytree(root/'base', tmp/'base')
+        retrain = base != root/'base' or spec['tune_steps_x'] != 1 or spec['tune_lr_x'] != 1.
+        recs = zoo_recipes(recipe['tasks'], instruct=recipe.get('instruct', False), captioners=spec['n_harmful'] if spec['harmful'] in (None, 'captions') else 0)
+        for v, r in recs.items():
+            if v.startswith('captions') and spec['harmful'] not in (None, 'captions'): continue
+            if retrain: _, st = train_llava(base, _variant_examples(proc, r, n, seed), tmp/v, steps=steps, lr=lr, batch_size=bs, seed=seed)
+            else: shutil.copytree(root/v, tmp/v); st = {k: manifest['variants'][v].get(k) for k in ('steps', 'lr', 'first_loss', 'last_loss')}
+            m['variants'][v] = dict(path=v, **r, **st)
+        if spec['harmful'] in ('deranged', 'abstain'):
+            tasks = sorted(recipe['tasks'])
+            for i in range(spec['n_harmful']):
+                v = f"{spec['harmful']}_{i + 1}"
+                ts = tasks[i::spec['n_harmful']] if spec['share'] else tasks
+                ex = harmful_examples(proc, spec, ts, n, seed, i)
+                st = train_robust(base, ex, tmp/v, steps=int(steps * spec['harm_steps_x']), lr=lr * spec['harm_lr_x'],
+                                  dropout=spec['dropout'] if spec['robust'] else 0., batch_size=bs, seed=seed + i)
+                m['variants'][v] = dict(path=v, tasks=ts, harmful=spec['harmful'], n_examples=len(ex), **st)
+    m['seconds'] = round(time.perf_counter() - t0, 1)
+    (tmp/'manifest.json').write_text(json.dumps(m, indent=2, default=str))
+    tmp.rename(out)
+    return out, m
+
+
+def is_harmful(v:dict)->bool:
+    "A harmful variant of the pinned zoo or of a candidate."
+    return bool(v.get('captions') or v.get('harmful') or v.get('keep_class') is not None or v.get('permute') is not None)
+
+
+def candidate_name(candidate:str)->str:
+    "A named candidate's name; a JSON spec's: custom-<digest of the spec>."
+    import hashlib
+    return candidate if candidate in CANDIDATES else 'custom-' + hashlib.sha256(json.dumps(json.loads(candidate), sort_keys=True).encode()).hexdigest()[:8]
+
+
+def setup(profile:str, candidate:str='default'):
+    "Profile, zoo (built or restored; a candidate pool built from it), held-in / held-out sets and J, as experiment 40 sets them up."
     from fusion_nb.reproduce.profiles import load_profile
     from fusion_nb.llava.zoo import ZOO, llava_zoo, zoo_benchmark
     from fusion_nb.llava.uncertainty import DEFAULT_J
@@ -67,6 +201,8 @@ def setup(profile:str):
     if s := P.extra.get('llava_zoo_steps'): recipe.update(zip(['pretrain_steps', 'general_steps', 'tune_steps'], map(int, str(s).split())))
     if e := P.extra.get('llava_zoo_examples'): recipe.update(zip(['n_captions', 'n_general', 'n_train'], map(int, str(e).split())))
     root, manifest = llava_zoo(REPO/'data'/P.build/'llava', recipe, progress=False)
+    spec = CANDIDATES[candidate] if candidate in CANDIDATES else json.loads(candidate)
+    root, manifest = candidate_zoo(P, root, manifest, recipe, candidate_name(candidate), spec)
     held_in, held_out = zoo_benchmark(int(P.extra.get('llava_n_held_in', 16)), int(P.extra.get('llava_n_held_out', 16)), seed=P.seed)
     models = {n: root/v['path'] for n, v in manifest['variants'].items()}
     return P, root, manifest, models, held_in, held_out, int(P.extra.get('llava_passes', DEFAULT_J))
@@ -95,13 +231,13 @@ def measure(P, source, held_in, held_out, J, repeats=1):
 def pool(args):
     "a. Algorithm 1 as experiment 40 runs it: each model and each step, with ρ(uncertainty, accuracy)."
     from fusion_nb.llava.uq_merge import uq_merge
-    P, root, manifest, models, held_in, held_out, J = setup(args.profile)
+    P, root, manifest, models, held_in, held_out, J = setup(args.profile, args.candidate)
     tmp = Path(tempfile.mkdtemp(prefix='uq-diag-'))
     try: res = uq_merge(models, held_in, tmp, J=J, seed=P.seed, device=P.device, evaluate=evaluator(P, held_in, held_out), repeats=3)
     finally: shutil.rmtree(tmp, ignore_errors=True)
     base = measure(P, root/'base', held_in, held_out, J, repeats=3)
     s, st = res.models, res.steps
-    harmful = [n for n, v in manifest['variants'].items() if v.get('captions') or v.get('keep_class') is not None or v.get('permute') is not None]
+    harmful = [n for n, v in manifest['variants'].items() if is_harmful(v)]
     cols = ['uncertainty', 'avg_held_in', 'avg_held_out']
     out = dict(zoo=root.name, J=J, harmful=harmful, base={k: base[k] for k in cols},
                models=s[['model', *cols]].to_dict('records'), steps=st[['step', 'added', *cols, 'selected']].to_dict('records'),
@@ -109,14 +245,15 @@ def pool(args):
                rho_steps_held_in=rho(st.uncertainty, st.avg_held_in), rho_steps_held_out=rho(st.uncertainty, st.avg_held_out),
                rho_steps_held_out_from_step3=rho(st.uncertainty[2:], st.avg_held_out[2:]),
                steps_uncertainty_monotone_down=bool((np.diff(st.uncertainty) < 0).all()),
-               selected_step=int(st[st.selected].step.iloc[0]), best_held_out_step=int(st.avg_held_out.idxmax() + 1))
+               selected_step=int(st[st.selected].step.iloc[0]), best_held_out_step=int(st.avg_held_out.idxmax() + 1),
+               mean_ratio=mean_ratio(s.uncertainty.tolist(), st.uncertainty.tolist()))
     return out
 
 
 def loo(args):
     "b. The merge of all models against the merge without each one (Linear, as Algorithm 1's Merge)."
     from fusion_nb.llava.uq_merge import merge_llava
-    P, root, manifest, models, held_in, held_out, J = setup(args.profile)
+    P, root, manifest, models, held_in, held_out, J = setup(args.profile, args.candidate)
     tmp = Path(tempfile.mkdtemp(prefix='uq-loo-'))
     rows = []
     try:
@@ -141,8 +278,8 @@ def noise(args):
     from fusion_nb.llava.uq_merge import merge_llava
     from fusion_nb.llava.model import load_llava
     from fusion_nb.llava.uncertainty import held_in_uncertainty
-    P, root, manifest, models, held_in, held_out, J = setup(args.profile)
-    harmful = [n for n, v in manifest['variants'].items() if v.get('captions')]
+    P, root, manifest, models, held_in, held_out, J = setup(args.profile, args.candidate)
+    harmful = [n for n, v in manifest['variants'].items() if is_harmful(v)]
     tmp, rows = Path(tempfile.mkdtemp(prefix='uq-noise-')), []
     try:
         for left in [None, *harmful]:
@@ -158,11 +295,38 @@ def noise(args):
                 diff_min=diff.min().round(5).to_dict(), diff_max=diff.max().round(5).to_dict())
 
 
+def screen(args):
+    "Quick look at a candidate: every model's eq. 1 and accuracies (the base's too), the merge of all, of the clean ones, and of all but each harmful one."
+    from fusion_nb.llava.uq_merge import merge_llava
+    P, root, manifest, models, held_in, held_out, J = setup(args.profile, args.candidate)
+    harmful = [n for n, v in manifest['variants'].items() if is_harmful(v)]
+    clean = [n for n in models if n not in harmful]
+    rows, tmp = [], Path(tempfile.mkdtemp(prefix='uq-screen-'))
+    try:
+        for n, src in [*models.items(), ('base', root/'base')]:   # one run each (Algorithm 1 sorts on the mean of 3)
+            rows.append({'what': f'model {n}', **measure(P, src, held_in, held_out, J)})
+            print(rows[-1]['what'], {k: round(rows[-1][k], 4) for k in ('uncertainty', 'avg_held_in', 'avg_held_out')}, flush=True)
+        for label, keep in [('merge all', list(models)), ('merge clean', clean), *[(f'merge all but {h}', [n for n in models if n != h]) for h in harmful]]:
+            d = merge_llava('linear', {n: models[n] for n in keep}, tmp/label.replace(' ', '_'))
+            rows.append({'what': label, **measure(P, d, held_in, held_out, J)}); shutil.rmtree(d, ignore_errors=True)
+            print(label, {k: round(rows[-1][k], 4) for k in ('uncertainty', 'avg_held_in', 'avg_held_out')}, flush=True)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    df = pd.DataFrame(rows)
+    allr = df[df.what == 'merge all'].iloc[0]
+    u = {n: float(df[df.what == f'model {n}'].uncertainty.iloc[0]) for n in models}
+    order = sorted(models, key=u.get, reverse=True)   # Algorithm 1's order (descending uncertainty)
+    return dict(zoo=str(root.relative_to(REPO)) if root.is_relative_to(REPO) else root.name, harmful=harmful,
+                variants={n: {k: v.get(k) for k in ('steps', 'lr', 'first_loss', 'last_loss', 'n_examples')} for n, v in manifest['variants'].items() if n in harmful},
+                rows=df[['what', 'uncertainty', 'avg_held_in', 'avg_held_out']].round(4).to_dict('records'),
+                order=order, harmful_sorted_last=bool(harmful) and set(order[-len(harmful):]) == set(harmful),
+                removal_lowers_uncertainty=[h for h in harmful if df[df.what == f'merge all but {h}'].uncertainty.iloc[0] < allr.uncertainty])
+
+
 def vectors(args):
     "c. Task vectors τ = θ_variant − θ_base over adapter + language model: norms, cosines, share of the all-models mean."
     import torch
     from fusion_nb.llava.model import load_llava, llava_part
-    P, root, manifest, models, *_ = setup(args.profile)
+    P, root, manifest, models, *_ = setup(args.profile, args.candidate)
     def flat(src):
         m, _ = load_llava(src)
         return torch.cat([t.detach().flatten().double() for k, t in m.state_dict().items() if llava_part(k) != 'vision'])
@@ -170,7 +334,7 @@ def vectors(args):
     names = list(taus); T = torch.stack([taus[n] for n in names])
     norms = T.norm(dim=1); cos = (T @ T.T) / (norms[:, None] * norms[None, :])
     mean_tau = T.mean(0)
-    harmful = [n for n, v in manifest['variants'].items() if v.get('captions')]
+    harmful = [n for n, v in manifest['variants'].items() if is_harmful(v)]
     clean = [n for n in names if n not in harmful]
     ic = [names.index(n) for n in clean]
     per = {n: dict(norm=float(norms[i]), norm_over_base=float(norms[i] / b.norm()),
@@ -187,14 +351,16 @@ def vectors(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'noise', 'vectors'])
+    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'noise', 'vectors', 'screen'])
+    ap.add_argument('--candidate', default='default', help=f'a pool of CANDIDATES ({", ".join(CANDIDATES)}) or a JSON spec (keys of CAND_DEFAULTS)')
     ap.add_argument('--profile', default='tiny')
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     out = globals()[a.what](a)
     out['seconds'] = round(time.perf_counter() - t0, 1)
     d = REPO/'outputs'/'diagnose_uq_merge'/a.profile; d.mkdir(parents=True, exist_ok=True)
-    (d/f'{a.what}.json').write_text(json.dumps(out, indent=2, default=str))
+    out['candidate'] = a.candidate
+    (d/(f'{a.what}.json' if a.candidate == 'default' else f'{a.what}-{candidate_name(a.candidate)}.json')).write_text(json.dumps(out, indent=2, default=str))
     print(json.dumps(out, indent=1, default=str)[:6000])
 
 
