@@ -173,12 +173,11 @@ PORTABLE_KERNELS = {'ATEN_CPU_CAPABILITY': 'default', # ATen's loops as compiled
                     'MKL_CBWR': 'COMPATIBLE', # MKL: one code path on every Intel-compatible CPU (it overrides MKL_ENABLE_INSTRUCTIONS)
                     'ONEDNN_MAX_CPU_ISA': 'SSE41'} # oneDNN's convolutions at SSE4.1, which every x86-64 CPU of the last 15 years has
 
-def kernel_env(kernels:str, # `cpu_kernels`' value
+def kernel_env(kernels:str|None, # `cpu_kernels`' value; None: the experiment computes on a GPU
                env:Mapping, # the kernel's environment without it
-               on_cpu:bool=True, # the experiment computes on this machine's CPU (`computes_on_cpu`)
               )->dict:
-    "The environment a kernel computing on `kernels` starts with: `env`, and `PORTABLE_KERNELS` over it where portable on a CPU."
-    return {**env, **PORTABLE_KERNELS} if kernels == 'portable' and on_cpu else dict(env)
+    "The environment a kernel computing on `kernels` starts with: `env`, and `PORTABLE_KERNELS` over it where portable."
+    return {**env, **PORTABLE_KERNELS} if kernels == 'portable' else dict(env)
 
 # %% ../../nbs/reproduce/92_runner.ipynb #b247cf03
 def _record_failure(marker:Path, e:BaseException, inputs:dict)->None:
@@ -297,7 +296,7 @@ def run_experiment(name:str, # experiment (notebook stem)
     env = compute_env({**os.environ, 'FUSION_NB_ROOT': str(profile.root), 'PYTHONPATH': _kernel_pythonpath(), EXPERIMENT_ENV: name,
                        **({'OMP_NUM_THREADS': str(threads)} if threads else {})})
     on_kernels = cpu_kernels(nb, inputs['parameters']) if computes_on_cpu(profile) else None   # None: on a GPU, the CPU's kernels do not count
-    env = kernel_env(on_kernels, env, on_kernels is not None)   # 'portable': an experiment that trains gives every x86 CPU's numbers
+    env = kernel_env(on_kernels, env)   # 'portable': an experiment that trains gives every x86 CPU's numbers
     kernels, runs = [], runs if runs is not None else Runs()
     runs.kernels.append(kernels)
     try:
