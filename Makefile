@@ -11,16 +11,20 @@ setup: $(VENV)/.installed
 
 # torch goes in first, pinned to 2.13.0, by pip (which reads the machine's pip configuration: its local wheels and
 # indexes give the CPU build); with it installed, nothing later pulls the CUDA build. The rest (about 150 packages) goes
-# in with uv, which downloads and unpacks in parallel: the whole of `make setup` took 118 s on a fresh clone against
-# pip's ~210 s on this 2-core machine (2026-12-02; 57 s without --compile-bytecode, the same versions resolved); pip does
-# it where uv cannot be had. --compile-bytecode: pip writes the .pyc files at install and uv does not, and where
-# PYTHONDONTWRITEBYTECODE is set (this machine) every process compiled transformers, datasets and mlflow again (a CI run
-# without it had reached a quarter of pytest after 19 minutes; the whole of pytest takes 14 with it).
+# in with uv, which downloads and unpacks in parallel (pip does it where uv cannot be had): 12 s with a warm cache, 57 s
+# cold, against pip's ~210 s on this 2-core machine (2026-12-02, the same versions resolved). uv writes no .pyc files;
+# Python writes them for the modules a process imports, once — unless PYTHONDONTWRITEBYTECODE is set (this machine sets
+# it), which made every process compile transformers, datasets and mlflow again (a CI run had reached a quarter of pytest
+# after 19 minutes). So make's commands run without it (`unexport` below): measured on a fresh venv, importing the
+# package, transformers, datasets and mlflow took 28-31 s a process with it set, 26 s the first time without it and 16 s
+# after (3 jobs on 2 cores); uv's --compile-bytecode, which compiles every module of every package at install, added 61 s
+# to setup instead.
+unexport PYTHONDONTWRITEBYTECODE
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q uv && $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -e ".[dev,ray,docs]" \
+	$(BIN)/pip install -q uv && $(BIN)/uv pip install -q --python $(BIN)/python -e ".[dev,ray,docs]" \
 	  || $(BIN)/pip install -q -e ".[dev,ray,docs]"
 	touch $@
 
