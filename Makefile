@@ -45,10 +45,20 @@ pins: setup
 # `make test` leaves out the tests marked slow (pytest -m slow: paper profiles run end to end on the hub mirror, the robust
 # experiments at paper scale, the docs site's build), which keep CI under 15 minutes; `make test-all` runs them too.
 PYTEST_MARKS ?= not slow
+# nbdev-test runs beside pytest, on one worker, not after it: pytest's two workers leave part of the two cores idle (they
+# wait on kernels, servers and Ray), and nbdev-test on its own ran its longest notebooks (nbs/tiny/, last in its order)
+# while one of its workers waited. The micro benchmark is built (or restored from pins/) before either starts, so that
+# they never build it at once; the zoos they share take a lock per folder (fusion_nb.core.cached_builds). nbdev-test's
+# output is printed after pytest's. Examples that merge are not tracked (FUSION_NB_TRACK=0, as tests/conftest.py).
 test: setup
 	bash .ci/check_clean.sh
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 FUSION_NB_JOBS=1 $(BIN)/pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 -m "$(PYTEST_MARKS)" tests
-	HF_HUB_OFFLINE=1 FUSION_NB_TRACK=0 $(BIN)/nbdev-test --n-workers 2   # examples that merge are not tracked (as tests/conftest.py)
+	HF_HUB_OFFLINE=1 $(BIN)/python -c "from fusion_nb.tiny.build import micro_pool; micro_pool()"
+	@log=$$(mktemp); set -x; \
+	HF_HUB_OFFLINE=1 FUSION_NB_TRACK=0 OMP_NUM_THREADS=1 $(BIN)/nbdev-test --n-workers 1 --timing > $$log 2>&1 & notebooks=$$!; \
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 FUSION_NB_JOBS=1 $(BIN)/pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 -m "$(PYTEST_MARKS)" tests; \
+	pytest_rc=$$?; wait $$notebooks; nbdev_rc=$$?; set +x; \
+	echo "--- nbdev-test (ran beside pytest): exit $$nbdev_rc ---"; cat $$log; rm -f $$log; \
+	exit $$(( pytest_rc || nbdev_rc ))
 
 # The same tests as another CPU computes them: torch's kernels capped below this CPU's (AVX-512 → AVX2, AVX2 → AVX, else the portable
 # ones; .ci/other_cpu.py). Training here then rounds differently from the machine that trained pins/, so a test that

@@ -14,13 +14,13 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['COMPUTE_ENV', 'PROGRESS_MODES', 'AST_FIELDS_AFTER_311', 'FusionError', 'IncompatibleModelsError', 'NonFiniteError',
-           'UnknownNameError', 'HyperparameterError', 'WriteError', 'check_range', 'Registry', 'seed_everything',
-           'get_device', 'get_dtype', 'compute_env', 'current_umask', 'honour_umask', 'remove_stale_temps',
-           'human_bytes', 'tree_size', 'write_error', 'atomic_write', 'atomic_write_text', 'atomic_dir', 'file_hashes',
-           'pins_dir', 'pin_key', 'pinning', 'build_seed', 'read_pins', 'restore_pin', 'save_pin', 'pinned_differences',
-           'cached_builds', 'progress_mode', 'heartbeat', 'project_root', 'check_known_keys', 'ast_text', 'json_digest',
-           'code_digest']
+__all__ = ['COMPUTE_ENV', 'DATASETS_CACHE_FILE', 'PROGRESS_MODES', 'AST_FIELDS_AFTER_311', 'FusionError',
+           'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError', 'HyperparameterError', 'WriteError',
+           'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype', 'compute_env', 'current_umask',
+           'honour_umask', 'remove_stale_temps', 'human_bytes', 'tree_size', 'write_error', 'atomic_write',
+           'atomic_write_text', 'atomic_dir', 'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'build_seed',
+           'read_pins', 'restore_pin', 'save_pin', 'pinned_differences', 'cached_builds', 'progress_mode', 'heartbeat',
+           'project_root', 'check_known_keys', 'ast_text', 'json_digest', 'code_digest']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -316,15 +316,19 @@ def _sha256_file(path:Path)->str:
     return h.hexdigest()
 
 # %% ../nbs/00_core.ipynb #ae98528d
+# What `datasets` writes beside a saved dataset when it is selected from or mapped (`cache-<fingerprint>.arrow`): derived
+# on demand, not the dataset, so whether one exists must not change what a folder is (a build's manifest, a run's inputs).
+DATASETS_CACHE_FILE = re.compile(r'cache-.*\.arrow')
+
 def file_hashes(path:str|Path, # a file or a folder
                 cache_dir:str|Path|None=None, # where the hashes are kept between calls (None: hash everything)
                )->dict[str, str]:
-    "SHA-256 of every file under `path` (by relative path; hidden ones skipped), rehashing only files whose stat changed."
+    "SHA-256 of every file under `path` (by relative path; hidden ones and `datasets` cache files skipped), rehashing only files whose stat changed."
     path = Path(path)
     if not path.exists(): return {}
     files = ({path.name: path} if path.is_file() else
              {str(f.relative_to(path)): f for f in sorted(path.rglob('*'))
-              if f.is_file() and not any(s.startswith('.') for s in f.relative_to(path).parts)})
+              if f.is_file() and not any(s.startswith('.') for s in f.relative_to(path).parts) and not DATASETS_CACHE_FILE.fullmatch(f.name)})
     cache = Path(cache_dir)/f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]}.json" if cache_dir else None
     try: known = json.loads(cache.read_text()) if cache and cache.exists() else {}
     except ValueError: known = {}   # a torn or foreign cache: hash again
