@@ -4,6 +4,7 @@
     python bench/diagnose_neulig.py s7 --profile tiny                  # Table s5/s7's Portlands (experiment 10's budget), sample by sample
     python bench/diagnose_neulig.py s7 --profile tiny --steps 400      # the same, trained 5x longer (budget, not method)
     python bench/diagnose_neulig.py s8 --profile tiny                  # Table s8: model-A vs model-B experts, the transfer on 100 and on all test samples
+    python bench/diagnose_neulig.py cost --profile tiny                # CPU seconds of one Table s8 evaluation on 100 vs all test samples per task
 
 s7. The CoopVec Map replaces each test sample's CoopVec by its dataset's mean CoopVec (the map row of the sample's
 *known* dataset). It can only differ much from per-sample CoopVecs where per-sample CoopVecs differ from their
@@ -176,16 +177,34 @@ def s8(a):
     return out
 
 
+def cost(a):
+    "CPU seconds of one Table s8 evaluation (experiment 10's `neulig_records` over one half's seven experts) at the profile's test subset and at all test samples."
+    from fusion_nb.neulig.neulig import neulig_records
+    P, B, models, tasks, data = setup(a.profile)
+    T = list(P.tasks); pre = models.vision_state(PRETRAINED)
+    pins = Path(a.halves or REPO/'pins'/P.name/'neulig_halves')
+    pool = ModelPool(models.pretrained, {t: pins/f'{t}_A' for t in T}, device=models.device)
+    model = NeuLigModel(pre, {t: pool.vision_state(t) for t in T}, models.config).to(models.device)
+    out = {'profile': P.name}
+    sub = B['neulig_transfer_test_samples']   # first call: the frozen experts' outputs computed; again: read from FROZEN, as in epochs 2-10
+    for label, n in [('subset', sub), ('subset again', sub), ('all', 0), ('all again', 0)]:
+        c0 = time.process_time()
+        neulig_records(model, data, T, progress=False, batch_size=P.batch_size, max_samples=n, seed=P.seed, num_workers=P.num_workers, autocast=P.autocast)
+        out[f'{label} ({n or "all"} per task): cpu seconds'] = round(time.process_time() - c0, 1)
+        print(out, flush=True)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('cmd', choices=['s7', 's8'])
+    ap.add_argument('cmd', choices=['s7', 's8', 'cost'])
     ap.add_argument('--profile', default='tiny')
     ap.add_argument('--steps', type=int, default=0, help='s7: Portland steps (default: the profile\'s neulig_steps)')
     ap.add_argument('--settings', nargs='*', default=['semi-supervised', 'supervised'])
     ap.add_argument('--halves', default=None, help='s8: folder of the half experts (default pins/<profile>/neulig_halves)')
     a = ap.parse_args(argv)
     t0, c0 = time.time(), time.process_time()
-    out = s7(a) if a.cmd == 's7' else s8(a)
+    out = {'s7': s7, 's8': s8, 'cost': cost}[a.cmd](a)
     out['seconds'] = {'wall': round(time.time() - t0), 'cpu': round(time.process_time() - c0)}
     dest = REPO/'bench'/'diagnose_neulig'/f"{out['profile']}_{a.cmd}{'_' + str(a.steps) if a.steps else ''}.json"
     dest.parent.mkdir(exist_ok=True); dest.write_text(json.dumps(out, indent=1))
