@@ -2,6 +2,7 @@
 
     python bench/diagnose_masking.py --profile micro            # smoke (seconds)
     python bench/diagnose_masking.py --profile tiny             # the measurement (one seed, one rate/threshold per strategy)
+    python bench/diagnose_masking.py --profile tiny --runs --zoo --tag _zoo   # inference only: zero-shot and the zoo's ImageNet expert
 
 Paper 003's mechanism (section 3.1.2, Fig. 3; section 3.2.2, Fig. 4): vanilla fine-tuning learns a spurious
 context → label correlation of the ID data, which the OOD shifts break, so it loses OOD accuracy; counterfactual
@@ -17,7 +18,7 @@ contradiction), and (b) context-mask without refilling leaves no conflicting con
       the fine-tuned model still predicts the label while the pre-trained model does not, no-fill vs single-fill;
       and how much of the object CAM object-masking leaves (object masking rate, `masking_metrics`).
 
-Models: zero-shot, and eq. 2 fine-tunes from this profile's budget (`finetune_*` keys) with seed 0, as experiment 30
+Models: zero-shot, the zoo's ImageNet expert (`--zoo`: fine-tuned on the same ID training split by the zoo's recipe), and eq. 2 fine-tunes from this profile's budget (`finetune_*` keys) with seed 0, as experiment 30
 runs them: vanilla FT (β = 0), no masking, and {random, context, object} × {no-fill, single-fill} at the middle of
 section 4.2's sweeps (rate 0.5, threshold 0.5; experiment 30 picks per seed by validation). Probe images are the ID
 test split's generator with the background controlled (`fusion_nb.tiny.tasks` renderers, new seeds): `aligned` (the
@@ -81,7 +82,9 @@ def main(argv=None):
     ap.add_argument('--profile', default='tiny'); ap.add_argument('--seed', type=int, default=0)
     ap.add_argument('--probe', type=int, default=0, help='images per probe set (default: the ID test split size)')
     ap.add_argument('--cf_images', type=int, default=256, help='training images whose counterfactuals P3 measures')
-    ap.add_argument('--runs', nargs='*', default=list(RUNS))
+    ap.add_argument('--runs', nargs='*', default=list(RUNS), help='eq. 2 fine-tunes to train (none: inference only)')
+    ap.add_argument('--zoo', action='store_true', help="also the zoo's ImageNet expert (the profile's expert_template): a fine-tune that costs nothing here")
+    ap.add_argument('--tag', default='', help='suffix of the output file')
     a = ap.parse_args(argv)
     t_start, c_start = time.time(), time.process_time()
     P = prepare(load_profile(a.profile, tasks=['imagenet', *OOD]))
@@ -104,6 +107,9 @@ def main(argv=None):
         seconds[name] = time.process_time() - t0
         print(f'{name}: fine-tuned in {seconds[name]:.0f} s CPU', flush=True)
     out['finetune_cpu_seconds'] = seconds
+    if a.zoo:   # the benchmark's ImageNet expert: fine-tuned on the same ID training split by the zoo's recipe (fusion_nb.tiny.zoo)
+        from transformers import CLIPVisionModel
+        encoders['zoo_imagenet_expert'] = CLIPVisionModel.from_pretrained(P.experts['imagenet']).to(P.device).eval()
 
     # accuracies on the real test sets (as experiment 30 evaluates them)
     rec = evaluate_id_ood(encoders, clip, tok, proc, test_sets, ID.class_names, ID.templates, device=P.device, progress=False,
@@ -125,32 +131,37 @@ def main(argv=None):
         print(name, json.dumps(r), flush=True)
 
     # P3: contradictions on training counterfactuals (CAM of the fine-tuning model: vanilla FT's, as mid-training)
-    if 'vanilla_ft' in encoders:
+    tuned = 'vanilla_ft' if 'vanilla_ft' in encoders else 'zoo_imagenet_expert' if 'zoo_imagenet_expert' in encoders else None
+    out['counterfactuals_finetuned_model'] = tuned
+    if tuned:
         m = min(a.cf_images, len(train))
         x, y = pixel_values(proc, train.select(range(m))['image']).to(P.device), torch.tensor(train['label'][:m], device=P.device)
         obj = torch.as_tensor(T.object_masks('imagenet', 'train', P.name)[:m]) if P.name in T.SCALES else None   # exact object pixels
-        ft, pre, patch = encoders['vanilla_ft'], encoders['zero_shot'], clip.config.vision_config.patch_size
+        ft, pre, patch = encoders[tuned], encoders['zero_shot'], clip.config.vision_config.patch_size
         p3 = {}
-        for masking in ('random', 'context', 'object'):
-            for refill in ('none', 'single', 'multi'):
+        for masking in ('none', 'random', 'context', 'object'):
+            for refill in (('none',) if masking == 'none' else ('none', 'single', 'multi')):   # none:none: the natural images
                 g = torch.Generator(device='cpu').manual_seed(a.seed)
-                ok_pre, ok_ft, contra, metrics = 0, 0, 0, []
+                ok_pre, ok_ft, contra, contra_pre, differ, metrics = 0, 0, 0, 0, 0, []
                 for i in range(0, m, B['batch_size']):
                     xb, yb = x[i:i + B['batch_size']], y[i:i + B['batch_size']]
-                    rel = class_cam(ft, zs, xb, yb) if masking != 'random' else None
+                    rel = class_cam(ft, zs, xb, yb) if masking in ('object', 'context') else None
                     cf = counterfactuals(xb, patch, masking, refill, rel, 0.5, 0.5, generator=g)
                     with torch.no_grad():
                         pp = (zs.scale * torch.nn.functional.normalize(counterfactual_features(pre, zs, cf), dim=-1) @ zs.head.T).argmax(-1)
                         pf = (zs.scale * torch.nn.functional.normalize(counterfactual_features(ft, zs, cf), dim=-1) @ zs.head.T).argmax(-1)
                     ok_pre += int((pp == yb).sum()); ok_ft += int((pf == yb).sum()); contra += int(((pf == yb) & (pp != yb)).sum())
+                    contra_pre += int(((pp == yb) & (pf != yb)).sum()); differ += int((pp != pf).sum())
                     if obj is not None: metrics.append((masking_metrics(cf.mask.cpu(), obj[i:i + B['batch_size']], patch), len(xb)))
                 mm = {k: round(float(sum(d[k] * w for d, w in metrics) / sum(w for _, w in metrics)), 3) for k in metrics[0][0]} if metrics else {}
                 p3[f'{masking}:{refill}'] = {'pretrained_acc': round(100 * ok_pre / m, 2), 'finetuned_acc': round(100 * ok_ft / m, 2),
-                                             'contradiction': round(100 * contra / m, 2), **mm}
+                                             'contradiction': round(100 * contra / m, 2),   # Fig. 3 (c, f): the fine-tuned model keeps the label, the pre-trained one does not
+                                             'contradiction_pretrained_right': round(100 * contra_pre / m, 2),   # Fig. 3 (b, e): the context misleads the fine-tuned model
+                                             'predictions_differ': round(100 * differ / m, 2), **mm}
                 print(masking, refill, p3[f'{masking}:{refill}'], flush=True)
         out['counterfactuals'] = p3
     out['seconds'] = {'wall': round(time.time() - t_start), 'cpu': round(time.process_time() - c_start)}
-    dest = REPO/'bench'/'diagnose_masking'/f'{P.name}.json'; dest.parent.mkdir(exist_ok=True)
+    dest = REPO/'bench'/'diagnose_masking'/f'{P.name}{a.tag}.json'; dest.parent.mkdir(exist_ok=True)
     dest.write_text(json.dumps(out, indent=1))
     print('wrote', dest, out['seconds'])
 
