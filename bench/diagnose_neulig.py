@@ -4,6 +4,7 @@
     python bench/diagnose_neulig.py s7 --profile tiny                  # Table s5/s7's Portlands (experiment 10's budget), sample by sample
     python bench/diagnose_neulig.py s7 --profile tiny --steps 400      # the same, trained 5x longer (budget, not method)
     python bench/diagnose_neulig.py s8 --profile tiny                  # Table s8: model-A vs model-B experts, the transfer on 100 and on all test samples
+    python bench/diagnose_neulig.py probe --profile tiny               # dataset identity from Portland's input: train-split fit, test-split score
     python bench/diagnose_neulig.py cost --profile tiny                # CPU seconds of one Table s8 evaluation on 100 vs all test samples per task
 
 s7. The CoopVec Map replaces each test sample's CoopVec by its dataset's mean CoopVec (the map row of the sample's
@@ -177,6 +178,25 @@ def s8(a):
     return out
 
 
+def probe(a):
+    "Can Portland's input (the frozen pre-trained features) tell the seven datasets apart? A logistic regression fitted on the training splits, scored on the test splits."
+    from sklearn.linear_model import LogisticRegression
+    P, B, models, tasks, data = setup(a.profile)
+    T = list(P.tasks); pre = models.vision_state(PRETRAINED)
+    model = NeuLigModel(pre, {t: models.vision_state(t) for t in T}, models.config).to(models.device)
+    feats = lambda split, n: {t: torch.cat([model.features(b['pixel_values']) for b in image_loader(
+        data.task_pool[t].load(split=split, max_samples=n, seed=P.seed), data.model_pool.processor, 256)]) for t in T}
+    tr, te = feats('train', 0), feats(P.test_split, P.max_test_samples)
+    X = lambda f: torch.cat([f[t] for t in T]).numpy(); y = lambda f: np.array([t for t in T for _ in range(len(f[t]))])
+    clf = LogisticRegression(max_iter=3000).fit(X(tr), y(tr))
+    pred, truth = clf.predict(X(te)), y(te)
+    conf = pd.crosstab(pd.Series(truth, name='dataset'), pd.Series(pred, name='predicted'), normalize='index').mul(100).round(1)
+    out = {'profile': P.name, 'test accuracy': round(100 * float((pred == truth).mean()), 2),
+           'per task': {t: round(100 * float((pred[truth == t] == t).mean()), 1) for t in T}, 'confusion (% of row)': conf.to_dict(orient='index')}
+    print(json.dumps(out), flush=True)
+    return out
+
+
 def cost(a):
     "CPU seconds of one Table s8 evaluation (experiment 10's `neulig_records` over one half's seven experts) at the profile's test subset and at all test samples."
     from fusion_nb.neulig.neulig import neulig_records
@@ -197,14 +217,14 @@ def cost(a):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('cmd', choices=['s7', 's8', 'cost'])
+    ap.add_argument('cmd', choices=['s7', 's8', 'cost', 'probe'])
     ap.add_argument('--profile', default='tiny')
     ap.add_argument('--steps', type=int, default=0, help='s7: Portland steps (default: the profile\'s neulig_steps)')
     ap.add_argument('--settings', nargs='*', default=['semi-supervised', 'supervised'])
     ap.add_argument('--halves', default=None, help='s8: folder of the half experts (default pins/<profile>/neulig_halves)')
     a = ap.parse_args(argv)
     t0, c0 = time.time(), time.process_time()
-    out = {'s7': s7, 's8': s8, 'cost': cost}[a.cmd](a)
+    out = {'s7': s7, 's8': s8, 'cost': cost, 'probe': probe}[a.cmd](a)
     out['seconds'] = {'wall': round(time.time() - t0), 'cpu': round(time.process_time() - c0)}
     dest = REPO/'bench'/'diagnose_neulig'/f"{out['profile']}_{a.cmd}{'_' + str(a.steps) if a.steps else ''}.json"
     dest.parent.mkdir(exist_ok=True); dest.write_text(json.dumps(out, indent=1))
