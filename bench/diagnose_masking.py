@@ -3,6 +3,7 @@
     python bench/diagnose_masking.py --profile micro            # smoke (seconds)
     python bench/diagnose_masking.py --profile tiny             # the measurement (one seed, one rate/threshold per strategy)
     python bench/diagnose_masking.py --profile tiny --runs --zoo --tag _zoo   # inference only: zero-shot and the zoo's ImageNet expert
+    python bench/diagnose_masking.py --profile tiny --runs vanilla_ft --pretrained DIR --tag _NAME   # P0-P2 on a candidate pre-trained CLIP
 
 Paper 003's mechanism (section 3.1.2, Fig. 3; section 3.2.2, Fig. 4): vanilla fine-tuning learns a spurious
 context → label correlation of the ID data, which the OOD shifts break, so it loses OOD accuracy; counterfactual
@@ -85,11 +86,12 @@ def main(argv=None):
     ap.add_argument('--runs', nargs='*', default=list(RUNS), help='eq. 2 fine-tunes to train (none: inference only)')
     ap.add_argument('--zoo', action='store_true', help="also the zoo's ImageNet expert (the profile's expert_template): a fine-tune that costs nothing here")
     ap.add_argument('--tag', default='', help='suffix of the output file')
+    ap.add_argument('--pretrained', default=None, help="another pre-trained CLIP folder (a construction candidate, e.g. issue 47's); default the profile's")
     a = ap.parse_args(argv)
     t_start, c_start = time.time(), time.process_time()
     P = prepare(load_profile(a.profile, tasks=['imagenet', *OOD]))
     B = finetune_budget(P)
-    models = ModelPool(P.pretrained, {}, P.device, P.dtype)
+    models = ModelPool(a.pretrained or P.pretrained, {}, P.device, P.dtype)
     tasks = TaskPool([Task(t, P.datasets[t], split=P.test_split) for t in ['imagenet', *OOD]])
     clip, tok, proc = models.clip, models.tokenizer, models.processor
     train = tasks['imagenet'].load('train')
@@ -97,7 +99,7 @@ def main(argv=None):
     test_sets = {t: tasks[t].load(P.test_split, max_samples=P.max_test_samples, seed=P.seed) for t in ['imagenet', *OOD]}
     head = cached_zeroshot_head(clip, tok, ID.class_names, ID.templates, device=P.device)
     zs = ZeroShotLogits(clip.visual_projection, clip.logit_scale, head).to(P.device).eval()
-    out = {'profile': P.name, 'seed': a.seed, 'budget': B, 'neutral_backgrounds': NEUTRAL, 'own_background_share': OWN_BG_SHARE, 'runs': {}}
+    out = {'profile': P.name, 'pretrained': str(a.pretrained or P.pretrained), 'seed': a.seed, 'budget': B, 'neutral_backgrounds': NEUTRAL, 'own_background_share': OWN_BG_SHARE, 'runs': {}}
 
     encoders, seconds = {'zero_shot': clip.vision_model.eval()}, {}
     for name in a.runs:
