@@ -5,6 +5,8 @@
     python bench/diagnose_neulig.py s7 --profile tiny --steps 400      # the same, trained 5x longer (budget, not method)
     python bench/diagnose_neulig.py s8 --profile tiny                  # Table s8: model-A vs model-B experts, the transfer on 100 and on all test samples
     python bench/diagnose_neulig.py probe --profile tiny               # dataset identity from Portland's input: train-split fit, test-split score
+    python bench/diagnose_neulig.py probe --profile tiny --pretrained DIR   # the same from a candidate pre-trained CLIP (e.g. issue 47's)
+    python bench/diagnose_neulig.py cross --profile tiny               # each expert alone on each task (that task's head): the cost of misrouting
     python bench/diagnose_neulig.py cost --profile tiny                # CPU seconds of one Table s8 evaluation on 100 vs all test samples per task
 
 s7. The CoopVec Map replaces each test sample's CoopVec by its dataset's mean CoopVec (the map row of the sample's
@@ -182,18 +184,41 @@ def probe(a):
     "Can Portland's input (the frozen pre-trained features) tell the seven datasets apart? A logistic regression fitted on the training splits, scored on the test splits."
     from sklearn.linear_model import LogisticRegression
     P, B, models, tasks, data = setup(a.profile)
-    T = list(P.tasks); pre = models.vision_state(PRETRAINED)
-    model = NeuLigModel(pre, {t: models.vision_state(t) for t in T}, models.config).to(models.device)
-    feats = lambda split, n: {t: torch.cat([model.features(b['pixel_values']) for b in image_loader(
+    T = list(P.tasks)
+    if a.pretrained:   # a candidate pre-trained CLIP (e.g. issue 47's): its frozen vision tower is what Portland would read
+        from transformers import CLIPVisionModel
+        enc = CLIPVisionModel.from_pretrained(str(Path(a.pretrained))).to(models.device).eval()
+        encode = lambda x: enc(pixel_values=x.to(models.device)).pooler_output.float()
+    else:
+        model = NeuLigModel(models.vision_state(PRETRAINED), {t: models.vision_state(t) for t in T}, models.config).to(models.device)
+        encode = model.features
+    feats = lambda split, n: {t: torch.cat([encode(b['pixel_values']).detach() for b in image_loader(
         data.task_pool[t].load(split=split, max_samples=n, seed=P.seed), data.model_pool.processor, 256)]) for t in T}
     tr, te = feats('train', 0), feats(P.test_split, P.max_test_samples)
     X = lambda f: torch.cat([f[t] for t in T]).numpy(); y = lambda f: np.array([t for t in T for _ in range(len(f[t]))])
     clf = LogisticRegression(max_iter=3000).fit(X(tr), y(tr))
     pred, truth = clf.predict(X(te)), y(te)
     conf = pd.crosstab(pd.Series(truth, name='dataset'), pd.Series(pred, name='predicted'), normalize='index').mul(100).round(1)
-    out = {'profile': P.name, 'test accuracy': round(100 * float((pred == truth).mean()), 2),
+    out = {'profile': P.name, 'pretrained': str(a.pretrained or P.pretrained), 'test accuracy': round(100 * float((pred == truth).mean()), 2),
            'per task': {t: round(100 * float((pred[truth == t] == t).mean()), 1) for t in T}, 'confusion (% of row)': conf.to_dict(orient='index')}
     print(json.dumps(out), flush=True)
+    return out
+
+
+def cross(a):
+    "Each expert alone on each task's test split, through that task's head: what a sample sent to another dataset's expert gets."
+    P, B, models, tasks, data = setup(a.profile)
+    T = list(P.tasks)
+    model = NeuLigModel(models.vision_state(PRETRAINED), {t: models.vision_state(t) for t in T}, models.config).to(models.device)
+    acc = {}
+    with torch.no_grad():
+        for t in T:
+            head, right, n = functools.partial(data.heads, task=t), torch.zeros(len(T)), 0
+            for b in image_loader(data.task_pool[t].load(max_samples=P.max_test_samples, seed=P.seed), data.model_pool.processor, 256):
+                right += (expert_logits(model, b['pixel_values'], head).argmax(-1).cpu() == b['label']).float().sum(1); n += len(b['label'])
+            acc[t] = {e: round(100 * float(r) / n, 1) for e, r in zip(model.names, right)}
+    out = {'profile': P.name, 'accuracy (% ; task -> expert)': acc}
+    print(pd.DataFrame(acc).T.to_string(), flush=True)
     return out
 
 
@@ -217,16 +242,17 @@ def cost(a):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('cmd', choices=['s7', 's8', 'cost', 'probe'])
+    ap.add_argument('cmd', choices=['s7', 's8', 'cost', 'probe', 'cross'])
     ap.add_argument('--profile', default='tiny')
     ap.add_argument('--steps', type=int, default=0, help='s7: Portland steps (default: the profile\'s neulig_steps)')
     ap.add_argument('--settings', nargs='*', default=['semi-supervised', 'supervised'])
+    ap.add_argument('--pretrained', default=None, help='probe: another pre-trained CLIP folder (a construction candidate)')
     ap.add_argument('--halves', default=None, help='s8: folder of the half experts (default pins/<profile>/neulig_halves)')
     a = ap.parse_args(argv)
     t0, c0 = time.time(), time.process_time()
-    out = {'s7': s7, 's8': s8, 'cost': cost, 'probe': probe}[a.cmd](a)
+    out = {'s7': s7, 's8': s8, 'cost': cost, 'probe': probe, 'cross': cross}[a.cmd](a)
     out['seconds'] = {'wall': round(time.time() - t0), 'cpu': round(time.process_time() - c0)}
-    dest = REPO/'bench'/'diagnose_neulig'/f"{out['profile']}_{a.cmd}{'_' + str(a.steps) if a.steps else ''}.json"
+    dest = REPO/'bench'/'diagnose_neulig'/f"{out['profile']}_{a.cmd}{'_' + str(a.steps) if a.steps else ''}{'_' + Path(a.pretrained).parent.name if a.pretrained else ''}.json"
     dest.parent.mkdir(exist_ok=True); dest.write_text(json.dumps(out, indent=1))
     print('wrote', dest, out['seconds'])
 
