@@ -73,6 +73,20 @@ def probe_images(kind:str, n:int, seed:int=4803)->tuple[list, list, list]:
     return ims, ys, owners
 
 
+def scene_backgrounds(task:str, split:str, n:int, seed:int=0)->list:
+    "The background each image of a built ImageNet-family split was rendered on (its renderer replayed, `_object_scene` watched)."
+    seen, real = [], T._object_scene
+    def watch(rng, sprite, bg_name, **kw): seen.append(bg_name); return real(rng, sprite, bg_name, **kw)
+    T._object_scene = watch
+    try:
+        out = []
+        for i in range(n):
+            seen.clear(); T.imagenet_scene(T._rng(seed, task, split, i), i % len(T.IMAGENET_CLASSES), task)
+            out.append(seen[0] if seen else None)
+        return out
+    finally: T._object_scene = real
+
+
 @torch.no_grad()
 def predict(encoder, zs, x, batch=256)->torch.Tensor:
     return torch.cat([zs(encoder(pixel_values=x[i:i + batch]).pooler_output).argmax(-1) for i in range(0, len(x), batch)])
@@ -86,6 +100,7 @@ def main(argv=None):
     ap.add_argument('--runs', nargs='*', default=list(RUNS), help='eq. 2 fine-tunes to train (none: inference only)')
     ap.add_argument('--zoo', action='store_true', help="also the zoo's ImageNet expert (the profile's expert_template): a fine-tune that costs nothing here")
     ap.add_argument('--tag', default='', help='suffix of the output file')
+    ap.add_argument('--by_background', action='store_true', help='accuracy on the ID and IN-V2 test images split by own / other background')
     ap.add_argument('--pretrained', default=None, help="another pre-trained CLIP folder (a construction candidate, e.g. issue 47's); default the profile's")
     a = ap.parse_args(argv)
     t_start, c_start = time.time(), time.process_time()
@@ -132,10 +147,24 @@ def main(argv=None):
         out['runs'][name] = r
         print(name, json.dumps(r), flush=True)
 
+    if a.by_background:   # P1 on the real test sets: the images on their class's background vs on another's
+        out['by_background'] = {}
+        for t in ('imagenet', 'imagenet_v2'):
+            ds = test_sets[t]; bgs = scene_backgrounds(t, P.test_split, len(ds))
+            own = np.array([b == T.IMAGENET_BACKGROUNDS[y] for b, y in zip(bgs, ds['label'])])
+            check = pixel_values(proc, [T.imagenet_scene(T._rng(0, t, P.test_split, 0), 0, t)[0]])
+            assert torch.allclose(check, pixel_values(proc, [ds[0]['image']])), f'{t}: the replayed renderer does not give the built test images'
+            x, y = pixel_values(proc, ds['image']).to(P.device), np.asarray(ds['label'])
+            for name, enc in encoders.items():
+                ok = predict(enc, zs, x).cpu().numpy() == y
+                out['by_background'].setdefault(name, {})[t] = {'own background share': round(float(own.mean()), 3), 'own': round(100 * float(ok[own].mean()), 2),
+                                                             'other': round(100 * float(ok[~own].mean()), 2), 'gap': round(100 * float(ok[own].mean() - ok[~own].mean()), 2)}
+            print(t, {m: v[t] for m, v in out['by_background'].items()}, flush=True)
+
     # P3: contradictions on training counterfactuals (CAM of the fine-tuning model: vanilla FT's, as mid-training)
     tuned = 'vanilla_ft' if 'vanilla_ft' in encoders else 'zoo_imagenet_expert' if 'zoo_imagenet_expert' in encoders else None
     out['counterfactuals_finetuned_model'] = tuned
-    if tuned:
+    if tuned and a.cf_images:
         m = min(a.cf_images, len(train))
         x, y = pixel_values(proc, train.select(range(m))['image']).to(P.device), torch.tensor(train['label'][:m], device=P.device)
         obj = torch.as_tensor(T.object_masks('imagenet', 'train', P.name)[:m]) if P.name in T.SCALES else None   # exact object pixels
