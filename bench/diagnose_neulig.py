@@ -3,7 +3,7 @@
     python bench/diagnose_neulig.py s7 --profile micro                 # smoke
     python bench/diagnose_neulig.py s7 --profile tiny                  # Table s5/s7's Portlands (experiment 10's budget), sample by sample
     python bench/diagnose_neulig.py s7 --profile tiny --steps 400      # the same, trained 5x longer (budget, not method)
-    python bench/diagnose_neulig.py s8 --profile tiny                  # Table s8: model-A vs model-B experts, the transfer on 100 and on all test samples
+    python bench/diagnose_neulig.py s8 --profile tiny --subset 100     # Table s8: model-A vs model-B experts, the transfer on 100 and on all test samples
     python bench/diagnose_neulig.py probe --profile tiny               # dataset identity from Portland's input: train-split fit, test-split score
     python bench/diagnose_neulig.py probe --profile tiny --pretrained DIR   # the same from a candidate pre-trained CLIP (e.g. issue 47's)
     python bench/diagnose_neulig.py cross --profile tiny               # each expert alone on each task (that task's head): the cost of misrouting
@@ -138,7 +138,7 @@ def s8(a):
     visible = {t: visible_count(len(A_ROWS[t]), B['neulig_transfer_data_scale']) for t in T}
     E = epoch_steps(visible, B['neulig_batch_size'])
     K = len(T)
-    subsets = {'subset': B['neulig_transfer_test_samples'], 'all': 0}
+    subsets = {'subset': B['neulig_transfer_test_samples'] if a.subset is None else a.subset, 'all': 0}
     out = {'profile': P.name, 'halves': str(pins), 'epoch_steps': E, 'epochs': B['neulig_transfer_epochs'], 'visible': visible,
            'test_samples': subsets, 'epoch': {}}
 
@@ -247,6 +247,7 @@ def main(argv=None):
     ap.add_argument('--steps', type=int, default=0, help='s7: Portland steps (default: the profile\'s neulig_steps)')
     ap.add_argument('--settings', nargs='*', default=['semi-supervised', 'supervised'])
     ap.add_argument('--pretrained', default=None, help='probe: another pre-trained CLIP folder (a construction candidate)')
+    ap.add_argument('--subset', type=int, default=None, help="s8: test samples per task of the 'subset' evaluation (default the profile's neulig_transfer_test_samples; 100 before this issue)")
     ap.add_argument('--halves', default=None, help='s8: folder of the half experts (default pins/<profile>/neulig_halves)')
     a = ap.parse_args(argv)
     t0, c0 = time.time(), time.process_time()
