@@ -1,0 +1,262 @@
+"""Why the CoopVec Map (Table s7) and the transfer (Table s8) of paper 001 do not hold on tiny (issue 48, item 4), measured.
+
+    python bench/diagnose_neulig.py s7 --profile micro                 # smoke
+    python bench/diagnose_neulig.py s7 --profile tiny                  # Table s5/s7's Portlands (experiment 10's budget), sample by sample
+    python bench/diagnose_neulig.py s7 --profile tiny --steps 400      # the same, trained 5x longer (budget, not method)
+    python bench/diagnose_neulig.py s8 --profile tiny --subset 100     # Table s8: model-A vs model-B experts, the transfer on 100 and on all test samples
+    python bench/diagnose_neulig.py probe --profile tiny               # dataset identity from Portland's input: train-split fit, test-split score
+    python bench/diagnose_neulig.py probe --profile tiny --pretrained DIR   # the same from a candidate pre-trained CLIP (e.g. issue 47's)
+    python bench/diagnose_neulig.py cross --profile tiny               # each expert alone on each task (that task's head): the cost of misrouting
+    python bench/diagnose_neulig.py cost --profile tiny                # CPU seconds of one Table s8 evaluation on 100 vs all test samples per task
+
+s7. The CoopVec Map replaces each test sample's CoopVec by its dataset's mean CoopVec (the map row of the sample's
+*known* dataset). It can only differ much from per-sample CoopVecs where per-sample CoopVecs differ from their
+dataset's mean, i.e. where Portland does not route every sample of a dataset alike; in the paper, per-sample NeuLig
+already reaches the experts' own accuracy (Table s5: Mer. 95.43 vs Fine-tuned 95.27), so the map has nothing to add
+(Table s7: 95.25, −0.18). Measured here per test sample: the weight on the sample's own expert, whether it is the
+largest, and the merged prediction under the per-sample CoopVec, the map row, one-hot own-expert routing (= the
+Fine-tuned row) and uniform weights (= Simple Averaging); accuracies split by whether the sample is routed to its own
+expert.
+
+s8. Portland's input is the frozen *pre-trained* encoder's features, so a transferred Portland gives every test
+sample the same CoopVec over the Bs as over the As: Trans. − Ori. is only the difference between the B and A
+experts under the same weights. The claim needs the two halves' experts to be interchangeable. Measured: each half
+expert alone on its task (all test samples and experiment 10's 100-sample subsets), one-hot and uniform routing over
+As and Bs, and experiment 10's Table s8 rerun (same budget, the pinned half experts of pins/<profile>/neulig_halves)
+on the 100-sample subsets and on all test samples, with the binomial standard error of the difference.
+
+Results go to bench/diagnose_neulig/<profile>_<cmd>[_<steps>].json. Nothing in the package, the zoo or a method changes.
+"""
+from __future__ import annotations
+import argparse, json, sys, time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from fusion_nb.core import seed_everything
+from fusion_nb.evaluation import image_loader
+from fusion_nb.methods.data import MergeData, profile_settings
+from fusion_nb.neulig.half_zoo import HALVES, HalfZooBudget, half_indices
+from fusion_nb.neulig.neulig import epoch_steps, map_diagonal, neulig, train_portland, transfer_portland, visible_count
+from fusion_nb.neulig.portland import NeuLigModel, coop_ensemble, expert_logits, merged_logits
+from fusion_nb.pools import PRETRAINED, ModelPool, TaskPool
+from fusion_nb.reproduce.profiles import load_profile, prepare
+from fusion_nb.tiny.tasks import NEULIG_TASKS
+import functools
+
+
+def setup(profile):
+    P = prepare(load_profile(profile, tasks=NEULIG_TASKS))
+    D = neulig.defaults()
+    B = profile_settings(P, {'neulig_steps': D['steps'], 'neulig_lr': D['lr'], 'neulig_batch_size': D['batch_size'],
+                             'neulig_transfer_epochs': 10, 'neulig_transfer_data_scale': 1.0, 'neulig_transfer_test_samples': -1,
+                             'neulig_half_steps': 4000, 'neulig_half_lr': 1e-5, 'neulig_half_batch_size': 32})
+    if B['neulig_transfer_test_samples'] < 0: B['neulig_transfer_test_samples'] = P.max_test_samples
+    models, tasks = ModelPool.from_profile(P), TaskPool.from_profile(P)
+    return P, B, models, tasks, MergeData(models, tasks, seed=P.seed, num_workers=P.num_workers)
+
+
+@torch.no_grad()
+def per_sample(model:NeuLigModel, data:MergeData, task:str, max_samples:int, seed:int, routings:dict)->pd.DataFrame:
+    "One row per test sample of `task`: own-expert weight, routed-to-own, and correctness of the merge (and ensemble) under each routing."
+    k, K, rows = model.names.index(task), len(model.names), []
+    head = functools.partial(data.heads, task=task)
+    for b in image_loader(data.task_pool[task].load(max_samples=max_samples, seed=seed), data.model_pool.processor, 128):
+        x, y = b['pixel_values'], b['label']
+        c = model.coopvecs(x).cpu()
+        r = {'own_weight': c[:, k].numpy(), 'routed_own': (c.argmax(-1) == k).numpy(), 'max_weight': c.max(-1).values.numpy()}
+        el = expert_logits(model, x, head)
+        for name, cv in routings.items():
+            cv = c if cv is None else cv
+            r[f'mer_{name}'] = (merged_logits(model, x, head, cv.to(model.device)).argmax(-1).cpu() == y).numpy()
+            r[f'ens_{name}'] = (coop_ensemble(el, cv.to(model.device)).argmax(-1).cpu() == y).numpy()
+        rows.append(pd.DataFrame(r))
+    return pd.concat(rows, ignore_index=True).assign(task=task)
+
+
+def routing_summary(df:pd.DataFrame, names)->dict:
+    "Averages over tasks (as the tables' Avg.) of the per-sample frame's columns, and the accuracies split by routed-own."
+    g = df.groupby('task')
+    avg = lambda s: round(100 * float(s.reindex(names).mean()), 2)
+    out = {c: avg(g[c].mean()) for c in df.columns if c != 'task'}
+    for c in [c for c in df.columns if c.startswith('mer_')]:
+        out[f'{c} | routed own'] = round(100 * float(df.loc[df.routed_own, c].mean()), 2)
+        out[f'{c} | misrouted'] = round(100 * float(df.loc[~df.routed_own, c].mean()), 2) if (~df.routed_own).any() else None
+    out['per task routed_own'] = {t: round(100 * float(v), 1) for t, v in g['routed_own'].mean().reindex(names).items()}
+    out['per task mer_per_sample'] = {t: round(100 * float(v), 1) for t, v in g['mer_per_sample'].mean().reindex(names).items()}
+    out['per task mer_map'] = {t: round(100 * float(v), 1) for t, v in g['mer_map'].mean().reindex(names).items()}
+    return out
+
+
+def s7(a):
+    P, B, models, tasks, data = setup(a.profile)
+    T = list(P.tasks); pre = models.vision_state(PRETRAINED); experts = {t: models.vision_state(t) for t in T}
+    steps = a.steps or B['neulig_steps']
+    out = {'profile': P.name, 'steps': steps, 'lr': B['neulig_lr'], 'batch_size': B['neulig_batch_size'], 'settings': {}}
+    for setting in a.settings:
+        t0 = time.process_time()
+        m = neulig(pre, experts, data=data, setting=setting, steps=steps, lr=B['neulig_lr'], batch_size=B['neulig_batch_size'], seed=P.seed, progress=False)
+        train_s = time.process_time() - t0
+        K = len(m.names)
+        frames = []
+        for t in T:
+            onehot = torch.zeros(K); onehot[m.names.index(t)] = 1
+            routings = {'per_sample': None, 'map': torch.tensor(m.coopvec_map.loc[t].values, dtype=torch.float32),
+                        'own_expert': onehot, 'uniform': torch.full((K,), 1 / K)}
+            frames.append(per_sample(m, data, t, P.max_test_samples, P.seed, routings))
+        df = pd.concat(frames, ignore_index=True)
+        s = routing_summary(df, T)
+        s['map_diagonal'] = {t: round(float(v), 3) for t, v in map_diagonal(m.coopvec_map).items()}
+        s['map_minus_per_sample (Avg. Mer.)'] = round(s['mer_map'] - s['mer_per_sample'], 2)
+        s['epochs'] = round(steps * B['neulig_batch_size'] / min(m.neulig_info['visible'].values()), 2)
+        s['train_cpu_seconds'], s['total_cpu_seconds'] = round(train_s), round(time.process_time() - t0)
+        out['settings'][setting] = s
+        print(setting, json.dumps(s), flush=True)
+    # can the frozen pre-trained features tell the datasets apart at all? (experiment 10's linear probe, here on the test samples too)
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import cross_val_score
+    X = torch.cat([m.visible_features[t] for t in T]).numpy(); y = [t for t in T for _ in range(len(m.visible_features[t]))]
+    out['dataset_probe_cv_accuracy'] = round(100 * float(cross_val_score(LogisticRegression(max_iter=3000), X, y, cv=5).mean()), 2)
+    print('dataset probe', out['dataset_probe_cv_accuracy'], flush=True)
+    return out
+
+
+def s8(a):
+    P, B, models, tasks, data = setup(a.profile)
+    T = list(P.tasks); pre = models.vision_state(PRETRAINED)
+    pins = Path(a.halves or REPO/'pins'/P.name/'neulig_halves')
+    half_pools = {h: ModelPool(models.pretrained, {t: pins/f'{t}_{h}' for t in T}, device=models.device) for h in HALVES}
+    seed_everything(P.seed)
+    pair = {h: NeuLigModel(pre, {t: half_pools[h].vision_state(t) for t in T}, models.config).to(models.device) for h in HALVES}
+    budget = HalfZooBudget(steps=B['neulig_half_steps'], lr=B['neulig_half_lr'], batch_size=B['neulig_half_batch_size'])
+    A_ROWS = {t: half_indices(len(tasks[t].load(split='train')), budget.seed)['A'] for t in T}
+    visible = {t: visible_count(len(A_ROWS[t]), B['neulig_transfer_data_scale']) for t in T}
+    E = epoch_steps(visible, B['neulig_batch_size'])
+    K = len(T)
+    subsets = {'subset': B['neulig_transfer_test_samples'] if a.subset is None else a.subset, 'all': 0}
+    out = {'profile': P.name, 'halves': str(pins), 'epoch_steps': E, 'epochs': B['neulig_transfer_epochs'], 'visible': visible,
+           'test_samples': subsets, 'epoch': {}}
+
+    def evaluate(step):
+        res = {}
+        for sub, n in subsets.items():
+            for h in HALVES:
+                frames = []
+                for t in T:
+                    onehot = torch.zeros(K); onehot[pair[h].names.index(t)] = 1
+                    rts = {'per_sample': None, 'own_expert': onehot} if step else {'own_expert': onehot, 'uniform': torch.full((K,), 1 / K), 'per_sample': None}
+                    frames.append(per_sample(pair[h], data, t, n, P.seed, rts))
+                df = pd.concat(frames, ignore_index=True)
+                res[f'{sub}/{h}'] = {c: round(100 * float(df.groupby('task')[c].mean().reindex(T).mean()), 2) for c in df.columns if c.startswith(('mer_', 'ens_'))}
+                res[f'{sub}/{h}']['per task mer_own_expert'] = {t: round(100 * float(v), 1) for t, v in df.groupby('task')['mer_own_expert'].mean().reindex(T).items()}
+                res[f'{sub}/{h}']['_n'] = int(len(df))
+                res[f'{sub}/{h}']['_correct'] = df['mer_per_sample'].astype(int).tolist()   # for the paired SE, dropped below
+            ca, cb = np.asarray(res[f'{sub}/A'].pop('_correct')), np.asarray(res[f'{sub}/B'].pop('_correct'))
+            # per-task means averaged over K tasks: SE of the Avg. difference from the paired per-sample differences
+            d = (cb - ca).astype(float); n_t = len(d) // K
+            res[f'{sub}/Trans.-Ori. (Mer.)'] = round(res[f'{sub}/B']['mer_per_sample'] - res[f'{sub}/A']['mer_per_sample'], 2)
+            res[f'{sub}/paired SE of Trans.-Ori.'] = round(100 * float(np.sqrt(sum(d[i * n_t:(i + 1) * n_t].var(ddof=1) / n_t for i in range(K)) / K ** 2)), 2)
+        return res
+
+    out['epoch'][0] = evaluate(0)   # before training: uniform CoopVecs; and each half expert alone (own_expert)
+    print(0, json.dumps(out['epoch'][0]), flush=True)
+    t0 = time.process_time()
+    def after_step(step):
+        if step % E: return
+        transfer_portland(pair['A'], pair['B'])
+        out['epoch'][step // E] = evaluate(step)
+        print(step // E, json.dumps(out['epoch'][step // E]), flush=True)
+    train_portland(pair['A'], data, setting='semi-supervised', data_scale=B['neulig_transfer_data_scale'], steps=B['neulig_transfer_epochs'] * E,
+                   lr=B['neulig_lr'], batch_size=B['neulig_batch_size'], seed=P.seed, progress=False, after_step=after_step, subsets=A_ROWS)
+    out['cpu_seconds'] = round(time.process_time() - t0)
+    for sub in subsets:
+        diffs = [out['epoch'][e][f'{sub}/Trans.-Ori. (Mer.)'] for e in out['epoch'] if e]
+        out[f'largest |Trans.-Ori.| over epochs ({sub})'] = max(abs(x) for x in diffs)
+    return out
+
+
+def probe(a):
+    "Can Portland's input (the frozen pre-trained features) tell the seven datasets apart? A logistic regression fitted on the training splits, scored on the test splits."
+    from sklearn.linear_model import LogisticRegression
+    P, B, models, tasks, data = setup(a.profile)
+    T = list(P.tasks)
+    if a.pretrained:   # a candidate pre-trained CLIP (e.g. issue 47's): its frozen vision tower is what Portland would read
+        from transformers import CLIPVisionModel
+        enc = CLIPVisionModel.from_pretrained(str(Path(a.pretrained))).to(models.device).eval()
+        encode = lambda x: enc(pixel_values=x.to(models.device)).pooler_output.float()
+    else:
+        model = NeuLigModel(models.vision_state(PRETRAINED), {t: models.vision_state(t) for t in T}, models.config).to(models.device)
+        encode = model.features
+    feats = lambda split, n: {t: torch.cat([encode(b['pixel_values']).detach() for b in image_loader(
+        data.task_pool[t].load(split=split, max_samples=n, seed=P.seed), data.model_pool.processor, 256)]) for t in T}
+    tr, te = feats('train', 0), feats(P.test_split, P.max_test_samples)
+    X = lambda f: torch.cat([f[t] for t in T]).numpy(); y = lambda f: np.array([t for t in T for _ in range(len(f[t]))])
+    clf = LogisticRegression(max_iter=3000).fit(X(tr), y(tr))
+    pred, truth = clf.predict(X(te)), y(te)
+    conf = pd.crosstab(pd.Series(truth, name='dataset'), pd.Series(pred, name='predicted'), normalize='index').mul(100).round(1)
+    out = {'profile': P.name, 'pretrained': str(a.pretrained or P.pretrained), 'test accuracy': round(100 * float((pred == truth).mean()), 2),
+           'per task': {t: round(100 * float((pred[truth == t] == t).mean()), 1) for t in T}, 'confusion (% of row)': conf.to_dict(orient='index')}
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def cross(a):
+    "Each expert alone on each task's test split, through that task's head: what a sample sent to another dataset's expert gets."
+    P, B, models, tasks, data = setup(a.profile)
+    T = list(P.tasks)
+    model = NeuLigModel(models.vision_state(PRETRAINED), {t: models.vision_state(t) for t in T}, models.config).to(models.device)
+    acc = {}
+    with torch.no_grad():
+        for t in T:
+            head, right, n = functools.partial(data.heads, task=t), torch.zeros(len(T)), 0
+            for b in image_loader(data.task_pool[t].load(max_samples=P.max_test_samples, seed=P.seed), data.model_pool.processor, 256):
+                right += (expert_logits(model, b['pixel_values'], head).argmax(-1).cpu() == b['label']).float().sum(1); n += len(b['label'])
+            acc[t] = {e: round(100 * float(r) / n, 1) for e, r in zip(model.names, right)}
+    out = {'profile': P.name, 'accuracy (% ; task -> expert)': acc}
+    print(pd.DataFrame(acc).T.to_string(), flush=True)
+    return out
+
+
+def cost(a):
+    "CPU seconds of one Table s8 evaluation (experiment 10's `neulig_records` over one half's seven experts) at the profile's test subset and at all test samples."
+    from fusion_nb.neulig.neulig import neulig_records
+    P, B, models, tasks, data = setup(a.profile)
+    T = list(P.tasks); pre = models.vision_state(PRETRAINED)
+    pins = Path(a.halves or REPO/'pins'/P.name/'neulig_halves')
+    pool = ModelPool(models.pretrained, {t: pins/f'{t}_A' for t in T}, device=models.device)
+    model = NeuLigModel(pre, {t: pool.vision_state(t) for t in T}, models.config).to(models.device)
+    out = {'profile': P.name}
+    sub = B['neulig_transfer_test_samples']   # first call: the frozen experts' outputs computed; again: read from FROZEN, as in epochs 2-10
+    for label, n in [('subset', sub), ('subset again', sub), ('all', 0), ('all again', 0)]:
+        c0 = time.process_time()
+        neulig_records(model, data, T, progress=False, batch_size=P.batch_size, max_samples=n, seed=P.seed, num_workers=P.num_workers, autocast=P.autocast)
+        out[f'{label} ({n or "all"} per task): cpu seconds'] = round(time.process_time() - c0, 1)
+        print(out, flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('cmd', choices=['s7', 's8', 'cost', 'probe', 'cross'])
+    ap.add_argument('--profile', default='tiny')
+    ap.add_argument('--steps', type=int, default=0, help='s7: Portland steps (default: the profile\'s neulig_steps)')
+    ap.add_argument('--settings', nargs='*', default=['semi-supervised', 'supervised'])
+    ap.add_argument('--pretrained', default=None, help='probe: another pre-trained CLIP folder (a construction candidate)')
+    ap.add_argument('--subset', type=int, default=None, help="s8: test samples per task of the 'subset' evaluation (default the profile's neulig_transfer_test_samples; 100 before this issue)")
+    ap.add_argument('--halves', default=None, help='s8: folder of the half experts (default pins/<profile>/neulig_halves)')
+    a = ap.parse_args(argv)
+    t0, c0 = time.time(), time.process_time()
+    out = {'s7': s7, 's8': s8, 'cost': cost, 'probe': probe, 'cross': cross}[a.cmd](a)
+    out['seconds'] = {'wall': round(time.time() - t0), 'cpu': round(time.process_time() - c0)}
+    dest = REPO/'bench'/'diagnose_neulig'/f"{out['profile']}_{a.cmd}{'_' + str(a.steps) if a.steps else ''}{'_' + Path(a.pretrained).parent.name if a.pretrained else ''}.json"
+    dest.parent.mkdir(exist_ok=True); dest.write_text(json.dumps(out, indent=1))
+    print('wrote', dest, out['seconds'])
+
+
+if __name__ == '__main__':
+    main()
