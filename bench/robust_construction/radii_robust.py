@@ -1,0 +1,67 @@
+"""The ImageNet stand-in's radius rule on adversarially trained models (issue 48, item 2; notebook 20's proposal).
+
+Paper 002's ImageNet ℓ∞-robust models keep about half of their clean accuracy under the ℓ∞ attack at ε∞ = 4/255
+(RobustBench, AutoAttack: ViT-B/16 of Mo et al. 2022 34.40 of 68.38 = 0.50; ResNet-50 of Salman et al. 2020 34.96 of
+64.02 = 0.55; paper 002's own ViT-B/16 is 76.88 % clean, Table 1, its robust accuracy only in Fig. 2). The stand-in's θ∞,
+trained and attacked at ×4 the per-pixel radius, keeps about nine tenths, so a fine-tune to another threat model keeps
+θ∞'s ℓ∞ robustness and the fronts have nothing to trade. Two measurements:
+
+    python bench/robust_construction/radii_robust.py zoo [images=300] [steps=20]
+        the tiny ImageNet zoo as built (data/tiny/robust/imagenet, restored from pins/ when absent): clean and
+        robust accuracy of θ∞, θ∞→2, θ∞→1 at the zoo's radii, and of θ∞ at 1.5, 2, 3, 4 × those radii
+    python bench/robust_construction/radii_robust.py train F [F …] [--images 300] [--steps 20]
+        θ∞ trained from scratch with the tiny zoo's budget at F × the per-pixel radius (the zoo: F = 4), and
+        its θ∞→2 fine-tune: clean, ℓ∞, ℓ2 robust accuracy at that radius, and ℓ∞ robust / clean
+
+Nothing is written (the `zoo` mode restores the pinned zoo under data/tiny when it is absent, as experiment 20 would).
+Results: nbs/experiments/20_robust_fronts.ipynb, "The radius rule on adversarially trained models"."""
+import sys, time, torch
+torch.set_num_threads(1)
+from fusion_nb.core import seed_everything
+from fusion_nb.reproduce.profiles import load_profile
+from fusion_nb.robust import zoo as Z
+from fusion_nb.robust.attacks import NORMS, apgd
+from fusion_nb.tiny.zoo import deterministic
+if {'-h', '--help'} & set(sys.argv[1:]) or len(sys.argv) < 2: print(__doc__); sys.exit(0)   # after the imports: --help checks them
+
+def opt(name, default):
+    "`--name value` from argv (removed), else `default`."
+    if f'--{name}' in sys.argv: i = sys.argv.index(f'--{name}'); v = sys.argv[i + 1]; del sys.argv[i:i + 2]; return int(v)
+    return default
+
+def measure(model, xt, yt, scale, steps, norms=NORMS):
+    "Clean and robust accuracy (%) of `model` at `scale` × the stand-in's radii (relative to the module's present scale)."
+    with torch.no_grad(): clean = float((model(xt).argmax(1) == yt).float().mean()) * 100
+    r = {'clean': round(clean, 1)}
+    for a in Z.standin_attacks('imagenet', norms, steps=steps, eps_factor=scale):
+        r[a['norm']] = round(apgd(model, xt, yt, a['norm'], a['eps'], steps=steps, loss=a['loss'], seed=0).accuracy * 100, 1)
+    return r
+
+mode = sys.argv[1]
+N, S = opt('images', 300), opt('steps', 20)
+xt, yt = Z.standin('imagenet', 'test', N)
+P = load_profile('tiny')
+b = Z.profile_budget(P.extra)
+if mode == 'zoo':
+    N, S = (int(a) for a in (sys.argv[2:] + ['300', '20'][len(sys.argv) - 2:])[:2])
+    xt, yt = Z.standin('imagenet', 'test', N)
+    folder = Z.robust_zoo(Z.zoo_dir(P.root, 'tiny', 'imagenet'), 'imagenet', Z.zoo_specs('imagenet'), b, progress=False)
+    zoo = Z.load_zoo(folder, ['theta_linf', 'theta_linf_to_l2', 'theta_linf_to_l1', 'theta_nominal'])
+    print('radius factor per pixel', Z.STANDIN_RADIUS_SCALE['imagenet'], '| eps', {n: round(Z.standin_eps('imagenet', n), 4) for n in NORMS}, flush=True)
+    for n, m in zoo.items(): print(n, 'at the zoo radii:', measure(m, xt, yt, 1.0, S), flush=True)
+    for f in (1.5, 2, 3, 4):
+        r = measure(zoo['theta_linf'], xt, yt, f, S, ['linf'])
+        print(f'theta_linf at {f} x the zoo radii:', r, '| linf / clean', round(r['linf'] / r['clean'], 2), flush=True)
+elif mode == 'train':
+    factors = [float(f) for f in sys.argv[2:]]
+    x, y = Z.standin('imagenet', 'train', b.n_train, b.seed)
+    base = Z.STANDIN_RADIUS_SCALE['imagenet']
+    for f in factors:
+        Z.STANDIN_RADIUS_SCALE['imagenet'] = f   # standin_eps reads it: training and attack radii both at f × per pixel
+        with deterministic(1):
+            t0 = time.time(); t = Z.train_model(Z.ModelSpec('theta_linf', ('linf',)), 'imagenet', x, y, b).eval(); t_theta = time.time() - t0
+            t0 = time.time(); t2 = Z.train_model(Z.ModelSpec('theta_linf_to_l2', ('l2',), 'theta_linf'), 'imagenet', x, y, b, t).eval(); t_ft = time.time() - t0
+        r, r2 = measure(t, xt, yt, 1.0, S, ['linf', 'l2']), measure(t2, xt, yt, 1.0, S, ['linf', 'l2'])
+        print(f'factor {f}: theta_linf {r} linf/clean {r["linf"] / r["clean"]:.2f} ({t_theta:.0f} s) | theta_linf_to_l2 {r2} ({t_ft:.0f} s)', flush=True)
+    Z.STANDIN_RADIUS_SCALE['imagenet'] = base
+else: print(__doc__); sys.exit(2)
