@@ -13,6 +13,12 @@ trained and attacked at ×4 the per-pixel radius, keeps about nine tenths, so a 
         θ∞ trained from scratch with the tiny zoo's budget at F × the per-pixel radius (the zoo: F = 8, before
         issue 48 F = 4), and its θ∞→2 fine-tune: clean, ℓ∞, ℓ2 robust accuracy at that radius, and ℓ∞ robust / clean
 
+    python bench/robust_construction/radii_robust.py cost OLD_DIR [images=300] [steps=20]
+        what the radii cost experiment 20: the seconds of its attacks (ℓ∞, ℓ2, ℓ1 APGD on the test images) on θ∞,
+        θ∞→2 and θ∞→1 of the zoo as built (×8) against the same models of another zoo (OLD_DIR holds their
+        .safetensors, e.g. the ×4 pins: `git show 51e28c8:pins/tiny/robust/imagenet/theta_linf.safetensors`), each
+        attacked at its own zoo's radii, alternating, twice; ratio new / old
+
 Nothing is written (the `zoo` mode restores the pinned zoo under data/tiny when it is absent, as experiment 20 would).
 Measured 2026-12-02 (one thread, beside other jobs): `zoo 300 20` on the ×4 zoo (θ∞ 95.7 % clean, 88.7 % ℓ∞: 0.93) and
 on the ×8 zoo (θ∞ 93.0 % clean, 60.7 % ℓ∞: 0.65); `train 16`: see nbs/robust/53_zoo.ipynb, step 3 of the radius rule.
@@ -66,4 +72,21 @@ elif mode == 'train':
         r, r2 = measure(t, xt, yt, 1.0, S, ['linf', 'l2']), measure(t2, xt, yt, 1.0, S, ['linf', 'l2'])
         print(f'factor {f}: theta_linf {r} linf/clean {r["linf"] / r["clean"]:.2f} ({t_theta:.0f} s) | theta_linf_to_l2 {r2} ({t_ft:.0f} s)', flush=True)
     Z.STANDIN_RADIUS_SCALE['imagenet'] = base
+elif mode == 'cost':
+    from pathlib import Path
+    from safetensors.torch import load_file
+    old_dir, N, S = Path(sys.argv[2]), *(int(a) for a in (sys.argv[3:] + ['300', '20'][len(sys.argv) - 3:])[:2])
+    xt, yt = Z.standin('imagenet', 'test', N)
+    names = ['theta_linf', 'theta_linf_to_l2', 'theta_linf_to_l1']
+    new = Z.load_zoo(Z.robust_zoo(Z.zoo_dir(P.root, 'tiny', 'imagenet'), 'imagenet', Z.zoo_specs('imagenet'), b, progress=False), names)
+    old = {n: Z.convnet(b.width, Z.STANDINS['imagenet']) for n in names}
+    for n, m in old.items(): m.load_state_dict(load_file(str(old_dir/f'{n}.safetensors'))); m.eval()
+    scale, seconds = Z.STANDIN_RADIUS_SCALE['imagenet'], {'old': 0.0, 'new': 0.0}
+    old_scale = 4.0   # the zoo before issue 48
+    for rep in range(2):
+        for which, zoo, f in (('old', old, old_scale / scale), ('new', new, 1.0)):
+            t0 = time.time()
+            for m in zoo.values(): measure(m, xt, yt, f, S)
+            seconds[which] += time.time() - t0
+    print({k: round(v, 1) for k, v in seconds.items()}, 'new / old', round(seconds['new'] / seconds['old'], 2), flush=True)
 else: print(__doc__); sys.exit(2)
