@@ -177,8 +177,8 @@ def measure_methods(a, clip_dir:Path, models:Path, t0:float):
     text = [f'# candidate {a.name}: paper 000 rows by fuse() with the tiny profile budgets {dict((k, S[k]) for k in sorted(S) if k.startswith(("adamerging", "wemoe", "tta")))}, '
             f'seed {P.seed}; measured in {time.time() - t0:.0f} s', table.round(2).to_string(), '', 'seconds to fuse: ' + json.dumps({k: round(v, 1) for k, v in seconds.items()}),
             '', orders.round(2).to_string(index=False)]
-    print('\n'.join(text)); OUT.mkdir(exist_ok=True); (OUT/f'{a.name}_methods.txt').write_text('\n'.join(text) + '\n')
-    (OUT/f'{a.name}_methods.json').write_text(json.dumps({'models': str(models), 'settings': S, 'seed': P.seed, 'seconds': seconds,
+    print('\n'.join(text)); OUT.mkdir(exist_ok=True); (OUT/f'{a.name}_methods{a.suffix}.txt').write_text('\n'.join(text) + '\n')
+    (OUT/f'{a.name}_methods{a.suffix}.json').write_text(json.dumps({'models': str(models), 'settings': S, 'seed': P.seed, 'seconds': seconds,
                                                         'table': table.to_dict(), 'orderings': orders.to_dict('records')}, indent=1, default=float))
 
 def cmd_measure(a):
@@ -269,6 +269,7 @@ def main(argv=None):
     m.add_argument('--grid', action='store_true'); m.add_argument('--max-test-samples', type=int, default=0)
     m.add_argument('--methods', action='store_true', help="instead: paper 000's rows (fuse() of the package, tiny profile budgets) → NAME_methods.*")
     m.add_argument('--rows', nargs='+', help=f'with --methods: these rows only (default {" ".join(ROWS_000)})')
+    m.add_argument('--suffix', default='', help='with --methods: written to NAME_methodsSUFFIX.* (a partial run beside a full one)')
     c = sub.add_parser('compare'); c.add_argument('names', nargs='+')
     for p in (b, m):
         p.add_argument('--scratch', default=str(SCRATCH)); p.add_argument('--datasets', default='/work/scratch-47/datasets')
