@@ -6,6 +6,8 @@
     python bench/construction_paper000.py measure NAME [--grid]      # → bench/construction_paper000/NAME.json and .txt
     python bench/construction_paper000.py measure pinned --models /work/main/data/tiny/models   # the pinned zoo, same bench
     python bench/construction_paper000.py compare NAME...            # the candidates side by side
+    python bench/construction_paper000.py measure NAME --methods [--rows R... --suffix S]   # paper 000's rows by the package's fuse()
+    python bench/construction_paper000.py build NAME --corpus digits-near ...   # SVHN/MNIST pretraining renderings without the zoom-out
 
 A candidate is the tiny `ZooConfig` with some fields replaced (`dataclasses.replace`): the package is not touched, the
 datasets are the tiny benchmark's (`--datasets`, a built data/tiny/datasets), the weights go to `--scratch`/NAME.
