@@ -6,6 +6,8 @@
     python bench/construction_paper000.py measure NAME [--grid]      # → bench/construction_paper000/NAME.json and .txt
     python bench/construction_paper000.py measure pinned --models /work/main/data/tiny/models   # the pinned zoo, same bench
     python bench/construction_paper000.py compare NAME...            # the candidates side by side
+    python bench/construction_paper000.py measure NAME --methods [--rows R... --suffix S]   # paper 000's rows by the package's fuse()
+    python bench/construction_paper000.py build NAME --corpus digits-near ...   # SVHN/MNIST pretraining renderings without the zoom-out
 
 A candidate is the tiny `ZooConfig` with some fields replaced (`dataclasses.replace`): the package is not touched, the
 datasets are the tiny benchmark's (`--datasets`, a built data/tiny/datasets), the weights go to `--scratch`/NAME.
@@ -41,9 +43,33 @@ FIELDS = {'hidden_size': int, 'intermediate_size': int, 'num_layers': int, 'num_
           'finetune_steps': int, 'finetune_batch': int, 'finetune_lr': float}
 
 
+def near_shift(img, rng):
+    "`pretraining_shift` without its last step (the zoomed-out view on clutter): colour permutation or grey, crop, blur."
+    from PIL import Image, ImageFilter
+    from fusion_nb.tiny.tasks import S
+    a = np.asarray(img)
+    k = rng.integers(0, 3)
+    if k == 0: a = a[..., rng.permutation(3)]
+    elif k == 1: a = np.repeat(a.mean(-1, keepdims=True), 3, -1).astype(np.uint8)
+    im = Image.fromarray(np.ascontiguousarray(a))
+    c = int(rng.integers(24, S + 1)); x, y = rng.integers(0, S - c + 1, 2)
+    im = im.crop((int(x), int(y), int(x) + c, int(y) + c)).resize((S, S), Image.BILINEAR)
+    return im.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 1.2))))
+
+CORPORA = {'package': (), 'digits-near': ('svhn', 'mnist')}   # --corpus: the tasks whose pretraining renderings get `near_shift`
+
+def use_corpus(name:str)->list[str]:
+    "Give the tasks of `CORPORA[name]` a `pretrain` renderer (their train renderer, `near_shift`ed) in this process only."
+    from fusion_nb.tiny import tasks as T
+    for t in CORPORA[name]:
+        spec = T.TASKS[t]
+        T.TASKS[t] = replace(spec, pretrain=lambda rng, y, spec=spec: near_shift(spec.render(rng, y, spec.splits[0]), rng))
+    return list(CORPORA[name])
+
 def cmd_build(a):
     from fusion_nb.tiny.zoo import deterministic, finetune_expert, pretrain_clip, zoo_config
     from fusion_nb.tiny.tasks import EIGHT_TASKS
+    near = use_corpus(a.corpus)
     cfg = replace(zoo_config(a.scale), **{f: getattr(a, f) for f in FIELDS if getattr(a, f) is not None})
     out = Path(a.scratch)/a.name; out.mkdir(parents=True, exist_ok=True)
     timings, clip_dir = {}, out/'clip-vit-tiny'
@@ -65,7 +91,7 @@ def cmd_build(a):
         timings['experts_s'] = round(time.time() - t0, 1)
     curve = {f'loss, steps {i}-{i + 99}': round(float(np.mean(history[i:i + 100])), 3) for i in range(0, len(history), max(100, len(history) // 10 // 100 * 100))}
     rec = {'name': a.name, 'config': asdict(cfg), 'clip': str(clip_dir), 'seed': a.seed, 'threads': a.threads, 'timings': timings,
-           'pretrain_loss': curve}
+           'pretrain_loss': curve, 'corpus': a.corpus if not a.clip_from else 'see the CLIP', 'near_shift_tasks': near}
     (out/'candidate.json').write_text(json.dumps(rec, indent=1))
     print(json.dumps(rec, indent=1))
 
@@ -110,6 +136,53 @@ def zero_shot_only(a, clip_dir:Path, t0:float):
     (OUT/f'{a.name}.json').write_text(json.dumps({'candidate': json.loads((Path(a.scratch)/a.name/'candidate.json').read_text()),
                                                   'summary': summary, 'per_task': df.to_dict()}, indent=1, default=float))
 
+ROWS_000 = ['simple_average', 'task_arithmetic', 'ties_merging', 'task_wise_adamerging', 'layer_wise_adamerging', 'weight_ensembling_moe']
+ORDERINGS_000 = [('task_arithmetic', 'simple_average'), ('ties_merging', 'task_arithmetic'), ('layer_wise_adamerging', 'task_wise_adamerging'),
+                 ('layer_wise_adamerging', 'task_arithmetic'), ('weight_ensembling_moe', 'layer_wise_adamerging'),
+                 ('weight_ensembling_moe', 'task_arithmetic')]   # "a above b" in paper 000's B/32 table (its Concrete rows not run here)
+def b32_000()->dict:
+    "Paper 000's ViT-B/32 averages (multi-task table), as data/paper_values transcribes them."
+    v = pd.read_csv(ROOT/'data'/'paper_values'/'paper000.csv', dtype={'paper': str})
+    v = v[v.table.str.startswith('multi_task') & (v.model == 'clip-vit-b32') & (v.task == 'avg')]
+    return dict(zip(v.method, v.value))
+
+def measure_methods(a, clip_dir:Path, models:Path, t0:float):
+    "Paper 000's rows on a candidate zoo, each by the package's own `fuse` with the tiny profile's budgets and seed (experiment 04's)."
+    import copy
+    from fusion_nb.evaluation import evaluate
+    from fusion_nb.methods.data import MergeData
+    from fusion_nb.pools import ModelPool, TaskPool, Task, PRETRAINED
+    from fusion_nb.reproduce.profiles import load_profile
+    from fusion_nb.reproduce.rows import fuse, fusion_settings
+    from fusion_nb.tiny.tasks import EIGHT_TASKS
+    P = load_profile('tiny'); S = fusion_settings(P)   # the budgets settings.ini gives the tiny profile; its seed (42)
+    mp = ModelPool(clip_dir, {t: models/f'clip-vit-tiny_{t}' for t in EIGHT_TASKS}, device='cpu')
+    tp = TaskPool([Task(t, Path(a.datasets)/t) for t in EIGHT_TASKS])
+    data = MergeData(mp, tp, seed=P.seed, max_test_samples=a.max_test_samples)
+    pre, experts = mp.vision_state(PRETRAINED), {t: mp.vision_state(t) for t in EIGHT_TASKS}
+    fused, seconds = {}, {}
+    for r in a.rows or ROWS_000:
+        fused[r], seconds[r] = fuse(r, pre, experts, data, S, None, seed=P.seed, progress=False)
+        print(f'{r:28s} {seconds[r]:7.1f} s', flush=True)
+    if 'weight_ensembling_moe' in fused:   # the same routers with FusionBench's batch-averaged routing (leaky: one task per batch)
+        fused['weight_ensembling_moe (batch, leaky)'] = copy.deepcopy(fused['weight_ensembling_moe']).set_routing('batch')
+    rows = {'pretrained': PRETRAINED, **{f'finetuned:{t}': t for t in EIGHT_TASKS}, **fused}
+    per_task = {'pretrained': EIGHT_TASKS, **{f'finetuned:{t}': [t] for t in EIGHT_TASKS}, **{r: EIGHT_TASKS for r in fused}}
+    rec = evaluate(rows, mp, tp, tasks=per_task, batch_size=P.batch_size, max_samples=a.max_test_samples, seed=P.seed, progress=False)
+    rec = rec[rec.metric == 'accuracy'].assign(row=lambda d: d.model.str.split(':').str[0], value=lambda d: 100 * d.value)
+    table = rec.pivot_table(index='row', columns='task', values='value')[EIGHT_TASKS]
+    table = table.reindex(['pretrained', 'finetuned', *fused]); table['Avg.'] = table.mean(axis=1)
+    B32 = b32_000(); table['B/32 Avg.'] = pd.Series(B32)
+    avg = table['Avg.']
+    orders = pd.DataFrame([{'a above b (paper 000)': f'{x} > {y}', 'a − b here': avg[x] - avg[y], 'B/32': B32[x] - B32[y]}
+                           for x, y in ORDERINGS_000 if x in avg and y in avg])
+    text = [f'# candidate {a.name}: paper 000 rows by fuse() with the tiny profile budgets {dict((k, S[k]) for k in sorted(S) if k.startswith(("adamerging", "wemoe", "tta")))}, '
+            f'seed {P.seed}; measured in {time.time() - t0:.0f} s', table.round(2).to_string(), '', 'seconds to fuse: ' + json.dumps({k: round(v, 1) for k, v in seconds.items()}),
+            '', orders.round(2).to_string(index=False)]
+    print('\n'.join(text)); OUT.mkdir(exist_ok=True); (OUT/f'{a.name}_methods{a.suffix}.txt').write_text('\n'.join(text) + '\n')
+    (OUT/f'{a.name}_methods{a.suffix}.json').write_text(json.dumps({'models': str(models), 'settings': S, 'seed': P.seed, 'seconds': seconds,
+                                                        'table': table.to_dict(), 'orderings': orders.to_dict('records')}, indent=1, default=float))
+
 def cmd_measure(a):
     from scipy.stats import spearmanr
     from fusion_nb.tiny.tasks import EIGHT_TASKS
@@ -119,6 +192,7 @@ def cmd_measure(a):
         rec = json.loads((Path(a.scratch)/a.name/'candidate.json').read_text())
         clip_dir, models = Path(rec['clip']), Path(a.scratch)/a.name
     if not (models/f'clip-vit-tiny_{EIGHT_TASKS[0]}').exists(): return zero_shot_only(a, clip_dir, t0)
+    if a.methods: return measure_methods(a, clip_dir, models, t0)
     B = ZooBench(clip_dir, {t: models/f'clip-vit-tiny_{t}' for t in EIGHT_TASKS}, Path(a.datasets), a.max_test_samples)
     ta = B.merged(lambda t, k: 0.3)
     rows = {}
@@ -190,9 +264,14 @@ def main(argv=None):
     sub = ap.add_subparsers(dest='what', required=True)
     b = sub.add_parser('build'); b.add_argument('name'); b.add_argument('--clip-from'); b.add_argument('--scale', default='tiny')
     b.add_argument('--pretrain-only', action='store_true', help='no experts: `measure` then gives zero-shot only')
+    b.add_argument('--corpus', choices=list(CORPORA), default='package',
+                   help="pretraining corpus: the package's, or 'digits-near' (SVHN and MNIST renderings without the zoom-out on clutter)")
     for f, typ in FIELDS.items(): b.add_argument('--' + f.replace('_', '-'), type=typ)
     m = sub.add_parser('measure'); m.add_argument('name'); m.add_argument('--models', help='a zoo folder (default: the candidate NAME)')
     m.add_argument('--grid', action='store_true'); m.add_argument('--max-test-samples', type=int, default=0)
+    m.add_argument('--methods', action='store_true', help="instead: paper 000's rows (fuse() of the package, tiny profile budgets) → NAME_methods.*")
+    m.add_argument('--rows', nargs='+', help=f'with --methods: these rows only (default {" ".join(ROWS_000)})')
+    m.add_argument('--suffix', default='', help='with --methods: written to NAME_methodsSUFFIX.* (a partial run beside a full one)')
     c = sub.add_parser('compare'); c.add_argument('names', nargs='+')
     for p in (b, m):
         p.add_argument('--scratch', default=str(SCRATCH)); p.add_argument('--datasets', default='/work/scratch-47/datasets')
