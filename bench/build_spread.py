@@ -16,7 +16,9 @@ The seed reseeds the benchmark's zoo (the CLIP and its experts), paper 004's LLa
 second backbone (experiment 10) and paper 002's robust zoo (experiments 20 and 21; on the same stand-in images); paper
 001's half experts are fine-tuned again from the reseeded CLIP (their recipe names its weights), with their own seed kept
 (it also draws the halves the experiment reads); paper 002's AdvProp model (one row of experiment 21's Table 1) is not
-reseeded (its recipe digests its own module). Rows of experiments not run are kept.
+reseeded (its recipe digests its own module). Rows of experiments not run are kept while they were measured on the same
+benchmark zoo, or on a zoo of their own (20, 21, 40); seeds measured before on the same zoo add up with this run's
+(`--seeds 1` now, `--seeds 2` later: three builds).
 """
 from __future__ import annotations
 import argparse, json, os, re, subprocess, sys, time
@@ -73,6 +75,49 @@ def spread_table(runs:dict[int, pd.DataFrame])->pd.DataFrame:
     return wide.assign(min=wide[seeds].min(axis=1), max=wide[seeds].max(axis=1),
                        spread=wide[seeds].max(axis=1) - wide[seeds].min(axis=1)).round(2).reset_index()
 
+# Experiments whose builds train a zoo of their own, not the benchmark's (the CLIP and its experts): their rows stay valid
+# when only the benchmark's zoo changes, with the recipe of their own zoo (the header's 'robust zoo', 'llava zoo').
+OWN_ZOO = {'20': 'robust zoo', '21': 'robust zoo', '40': 'llava zoo'}
+
+def own_zoo(experiment:str)->str|None: return OWN_ZOO.get(experiment[:2])
+
+def run_only(run:str)->list[str]:
+    "The experiments a run recorded in the header ran: `--only 01 04` → ['01', '04']."
+    m = re.search(r'--only ((?:\S+ )+?)--', run + ' --')
+    return m.group(1).split() if m else []
+
+def merge_previous(out:Path, table:pd.DataFrame, recipes:dict, only:list[str])->tuple[pd.DataFrame, dict, list[str]]:
+    """This run's table merged with the file it replaces: rows of other experiments are kept (with the runs that measured them)
+    when they were measured on the same benchmark zoo, or read a zoo of their own (`OWN_ZOO`); for this run's experiments, the
+    seeds measured before on the same zoo and not run now are kept beside this run's (so seeds add up over runs)."""
+    old_head = out.read_text().split('\n', 1)[0]
+    old_recipes = dict(re.findall(r'([a-z][a-z ]*?) recipe ([0-9a-f]+)', old_head))
+    old = pd.read_csv(out, comment='#')
+    same = old_recipes.get('zoo') == recipes['zoo']
+    experiments = set(table.experiment)
+    keep = old[~old.experiment.isin(experiments)]
+    if not same: keep = keep[keep.experiment.map(own_zoo).notna()]   # measured on another benchmark zoo: dropped, not mislabelled
+    seeds_now = [c for c in table.columns if c.startswith('seed ')]
+    before = old[old.experiment.isin(experiments)].set_index(['experiment', 'table', 'row']) if same else pd.DataFrame()
+    extra = [c for c in before.columns if c.startswith('seed ') and c not in seeds_now and before[c].notna().any()]
+    if extra:   # seeds of an earlier run on this zoo, beside this run's
+        wide = table.set_index(['experiment', 'table', 'row'])[seeds_now].join(before[extra], how='left')
+        seeds = sorted(wide.columns, key=lambda c: int(c.split()[1]))
+        wide = wide[seeds]
+        table = wide.assign(min=wide.min(axis=1), max=wide.max(axis=1), spread=wide.max(axis=1) - wide.min(axis=1)).round(2).reset_index()
+    table = pd.concat([keep, table], ignore_index=True)
+    seeds = sorted((c for c in table.columns if c.startswith('seed ')), key=lambda c: int(c.split()[1]))
+    table = table[['experiment', 'table', 'row', *seeds, 'min', 'max', 'spread']]
+    kept_zoos = {own_zoo(e) for e in keep.experiment} - {None}
+    recipes |= {k: v for k, v in old_recipes.items() if k != 'zoo' and (same or k in kept_zoos)}
+    runs = [r for r in old_head.split('runs: ', 1)[-1].split('; ')] if 'runs: ' in old_head else \
+           [f"{old_head.split('; ')[1]} ({old_head.split('; ')[2]})"]   # the first file's layout
+    def kept(run:str)->bool:
+        ran = run_only(run)
+        if not same: return bool(ran) and all(own_zoo(e) for e in ran) and not set(ran) & set(only)
+        return ran != only or bool(extra)   # the same experiments: kept while seeds it measured are kept
+    return table, recipes, [r for r in runs if kept(r)]
+
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--profile', default='tiny')
@@ -104,6 +149,8 @@ def main(argv=None)->int:
         output = root/'spread'/f'seed{s}'
         if a.reuse and (output/a.profile).is_dir():   # the seconds its notebooks recorded
             runs[s] = averages(output/a.profile); total += sum(json.loads(n.read_text())['metadata']['papermill']['duration'] or 0 for n in output.glob('*.ipynb'))
+            if not a.papermill:   # `fusion-nb reproduce`'s outputs: the seconds each experiment recorded (its zoo's build is not among them)
+                total += sum(json.loads(f.read_text()).get('seconds') or 0 for f in (output/a.profile).glob('*/inputs.json'))
             continue
         if a.papermill:
             wall = 0.0; output.mkdir(parents=True, exist_ok=True)
@@ -125,20 +172,11 @@ def main(argv=None)->int:
         print(f"seed 0's zoo (recipe {manifest['recipes']['zoo'][:12]}) is not the pinned one ({pinned[:12]}): nothing written"); return 1
     table = spread_table(runs)
     out = a.out or REPO/'data'/'paper_values'/f'build_spread_{a.profile}.csv'
-    this_run = (f"python bench/build_spread.py --profile {a.profile} --only {' '.join(a.only)} --seeds {' '.join(map(str, a.seeds))}{' --papermill' if a.papermill else ''} "
-                f"({total:.0f} s)")
+    this_run = (f"python bench/build_spread.py --profile {a.profile} --only {' '.join(a.only)} --seeds {' '.join(map(str, a.seeds))}{' --papermill' if a.papermill else ''}"
+                + (f" (outputs of an earlier run reused: {total:.0f} s of experiments, builds not timed)" if a.reuse and not a.papermill else f" ({total:.0f} s)"))
     recipes, runs_before = {'zoo': manifest['recipes']['zoo']}, []
-    if out.exists():   # rows of other experiments are kept, with the runs that measured them, when measured on the same zoo
-        old_head = out.read_text().split('\n', 1)[0]
-        old_recipes = dict(re.findall(r'([a-z][a-z ]*?) recipe ([0-9a-f]+)', old_head))
-        if old_recipes.get('zoo') == recipes['zoo']:
-            old = pd.read_csv(out, comment='#')
-            experiments = set(table.experiment)
-            table = pd.concat([old[~old.experiment.isin(experiments)], table], ignore_index=True)
-            recipes |= {k: v for k, v in old_recipes.items() if k != 'zoo'}
-            runs_before = [r for r in old_head.split('runs: ', 1)[-1].split('; ')] if 'runs: ' in old_head else \
-                          [f"{old_head.split('; ')[1]} ({old_head.split('; ')[2]})"]   # the first file's layout
-            runs_before = [r for r in runs_before if f"--only {' '.join(a.only)} " not in r]
+    if out.exists():
+        table, recipes, runs_before = merge_previous(out, table, recipes, a.only)
     llava = sorted((root/'data'/a.profile/'llava').glob('zoo-*/recipe.json'))
     seed0 = [p.parent.name.removeprefix('zoo-') for p in llava if 'seed' not in json.loads(p.read_text())['recipe']]
     if seed0 and any(e.startswith('40') for e in a.only): recipes['llava zoo'] = seed0[0]

@@ -41,3 +41,40 @@ def test_a_build_thread_count_is_refused(monkeypatch):
     import pytest
     monkeypatch.setenv('FUSION_NB_BUILD_THREADS', '1')
     with pytest.raises(SystemExit): _bench().main(['--only', '30'])
+
+def _spread_file(path, zoo, rows, runs):
+    "A build-spread file as build_spread writes it: header (recipes, runs), then one row per (experiment, table, row)."
+    head = f"# build spread, profile tiny: zoo recipe {zoo}, llava zoo recipe ab12, robust zoo recipe cd34 (seed 0 = the pins), training seeds [0, 1, 2]; runs: {'; '.join(runs)}\n"
+    path.write_text(head + pd.DataFrame(rows).to_csv(index=False))
+
+OLD_RUNS = ['python bench/build_spread.py --profile tiny --only 01 04 --seeds 1 2 (10 s)',
+            'python bench/build_spread.py --profile tiny --only 40 --seeds 1 2 --papermill (20 s)',
+            'python bench/build_spread.py --profile tiny --only 10 --seeds 1 2 (30 s)']
+OLD_ROWS = [dict(experiment=e, table='table', row='r', **{'seed 0': 1.0, 'seed 1': 2.0, 'seed 2': 4.0}, min=1.0, max=4.0, spread=3.0)
+            for e in ['04_fusion_eight_tasks', '10_neulig', '40_uq_merge']]
+
+def test_a_new_benchmark_zoo_drops_the_rows_measured_on_the_old_one_but_not_those_of_own_zoos(tmp_path):
+    m = _bench(); out = tmp_path/'spread.csv'
+    _spread_file(out, 'aaa0', OLD_ROWS, OLD_RUNS)
+    now = m.spread_table({0: pd.DataFrame([dict(experiment='04_fusion_eight_tasks', table='table', row='r', value=10.0)]),
+                          1: pd.DataFrame([dict(experiment='04_fusion_eight_tasks', table='table', row='r', value=12.0)])})
+    table, recipes, runs = m.merge_previous(out, now, {'zoo': 'bbb1'}, ['01', '04'])
+    got = table.set_index('experiment')
+    assert set(got.index) == {'04_fusion_eight_tasks', '40_uq_merge'}   # 10 read the old benchmark zoo: gone, not relabelled
+    assert got.loc['04_fusion_eight_tasks', 'spread'] == 2.0 and pd.isna(got.loc['04_fusion_eight_tasks', 'seed 2'])   # no old seed mixed in
+    assert got.loc['40_uq_merge', 'spread'] == 3.0
+    assert recipes == {'zoo': 'bbb1', 'llava zoo': 'ab12'}   # the robust zoo's rows were not in the file: its recipe goes too
+    assert runs == [OLD_RUNS[1]]
+
+def test_seeds_of_an_earlier_run_on_the_same_zoo_add_up(tmp_path):
+    "`--seeds 1` in one session, `--seeds 2` in the next: the file then holds three builds."
+    m = _bench(); out = tmp_path/'spread.csv'
+    _spread_file(out, 'c0de', [dict(experiment='04_fusion_eight_tasks', table='table', row='r', **{'seed 0': 10.0, 'seed 1': 12.0}, min=10.0, max=12.0, spread=2.0)],
+                 ['python bench/build_spread.py --profile tiny --only 01 04 --seeds 1 (10 s)'])
+    now = m.spread_table({0: pd.DataFrame([dict(experiment='04_fusion_eight_tasks', table='table', row='r', value=10.0)]),
+                          2: pd.DataFrame([dict(experiment='04_fusion_eight_tasks', table='table', row='r', value=7.0)])})
+    table, _, runs = m.merge_previous(out, now, {'zoo': 'c0de'}, ['01', '04'])
+    r = table.set_index('experiment').loc['04_fusion_eight_tasks']
+    assert (r['seed 0'], r['seed 1'], r['seed 2'], r['min'], r['max'], r['spread']) == (10.0, 12.0, 7.0, 7.0, 12.0, 5.0)
+    assert runs == ['python bench/build_spread.py --profile tiny --only 01 04 --seeds 1 (10 s)']   # the run that measured seed 1 stays named
+    assert list(table.columns) == ['experiment', 'table', 'row', 'seed 0', 'seed 1', 'seed 2', 'min', 'max', 'spread']
