@@ -86,6 +86,18 @@ def run_only(run:str)->list[str]:
     m = re.search(r'--only ((?:\S+ )+?)--', run + ' --')
     return m.group(1).split() if m else []
 
+def seeds_in(table:pd.DataFrame)->list[int]:
+    "The seeds a spread table holds a value of."
+    return sorted(int(c.split()[1]) for c in table.columns if c.startswith('seed ') and table[c].notna().any())
+
+def split_runs(text:str)->list[str]:
+    "The header's runs, split at '; ' outside parentheses (a run's note may hold '; ')."
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == '(') - (ch == ')')
+        if depth == 0 and text.startswith('; ', i): out.append(text[start:i]); start = i + 2
+    return [*out, text[start:]]
+
 def merge_previous(out:Path, table:pd.DataFrame, recipes:dict, only:list[str])->tuple[pd.DataFrame, dict, list[str]]:
     """This run's table merged with the file it replaces: rows of other experiments are kept (with the runs that measured them)
     when they were measured on the same benchmark zoo, or read a zoo of their own (`OWN_ZOO`); for this run's experiments, the
@@ -110,11 +122,12 @@ def merge_previous(out:Path, table:pd.DataFrame, recipes:dict, only:list[str])->
     table = table[['experiment', 'table', 'row', *seeds, 'min', 'max', 'spread']]
     kept_zoos = {own_zoo(e) for e in keep.experiment} - {None}
     recipes |= {k: v for k, v in old_recipes.items() if k != 'zoo' and (same or k in kept_zoos)}
-    runs = [r for r in old_head.split('runs: ', 1)[-1].split('; ')] if 'runs: ' in old_head else \
+    runs = split_runs(old_head.split('runs: ', 1)[-1]) if 'runs: ' in old_head else \
            [f"{old_head.split('; ')[1]} ({old_head.split('; ')[2]})"]   # the first file's layout
     def kept(run:str)->bool:
         ran = run_only(run)
-        if not same: return bool(ran) and all(own_zoo(e) for e in ran) and not set(ran) & set(only)
+        if not ran: return same or any(z in run.lower() for z in kept_zoos)   # a note on a zoo (a re-key, a rebuild)
+        if not same: return all(own_zoo(e) for e in ran) and not set(ran) & set(only)
         return ran != only or bool(extra)   # the same experiments: kept while seeds it measured are kept
     return table, recipes, [r for r in runs if kept(r)]
 
@@ -184,7 +197,7 @@ def main(argv=None)->int:
         from fusion_nb.robust.zoo import zoo_digest
         recipes['robust zoo'] = zoo_digest(root, a.profile, pinned=True)
     header = (f"# build spread, profile {a.profile}: " + ', '.join(f"{k} recipe {v}" for k, v in recipes.items())
-              + f" (seed 0 = the pins), training seeds {[0, *a.seeds]}; runs: " + '; '.join([*runs_before, this_run]) + "\n")
+              + f" (seed 0 = the pins), training seeds {seeds_in(table)}; runs: " + '; '.join([*runs_before, this_run]) + "\n")
     out.write_text(header + table.to_csv(index=False))
     print(table.to_string(index=False)); print(f"\nwritten: {out}")
     return 0

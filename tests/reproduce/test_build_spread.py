@@ -48,8 +48,9 @@ def _spread_file(path, zoo, rows, runs):
     path.write_text(head + pd.DataFrame(rows).to_csv(index=False))
 
 OLD_RUNS = ['python bench/build_spread.py --profile tiny --only 01 04 --seeds 1 2 (10 s)',
-            'python bench/build_spread.py --profile tiny --only 40 --seeds 1 2 --papermill (20 s)',
-            'python bench/build_spread.py --profile tiny --only 10 --seeds 1 2 (30 s)']
+            'python bench/build_spread.py --profile tiny --only 40 --seeds 1 2 --papermill (seed 1: 20 s; seed 2: 21 s)',
+            'python bench/build_spread.py --profile tiny --only 10 --seeds 1 2 (30 s)',
+            "the benchmark's zoo re-keyed from 0ff1, rebuilt to the same weights", 'the LLaVA zoo re-keyed from 0ff2, the same weights']
 OLD_ROWS = [dict(experiment=e, table='table', row='r', **{'seed 0': 1.0, 'seed 1': 2.0, 'seed 2': 4.0}, min=1.0, max=4.0, spread=3.0)
             for e in ['04_fusion_eight_tasks', '10_neulig', '40_uq_merge']]
 
@@ -64,7 +65,7 @@ def test_a_new_benchmark_zoo_drops_the_rows_measured_on_the_old_one_but_not_thos
     assert got.loc['04_fusion_eight_tasks', 'spread'] == 2.0 and pd.isna(got.loc['04_fusion_eight_tasks', 'seed 2'])   # no old seed mixed in
     assert got.loc['40_uq_merge', 'spread'] == 3.0
     assert recipes == {'zoo': 'bbb1', 'llava zoo': 'ab12'}   # the robust zoo's rows were not in the file: its recipe goes too
-    assert runs == [OLD_RUNS[1]]
+    assert runs == [OLD_RUNS[1], OLD_RUNS[4]]   # a run's own '; ' does not split it; a note on a dropped zoo goes
 
 def test_seeds_of_an_earlier_run_on_the_same_zoo_add_up(tmp_path):
     "`--seeds 1` in one session, `--seeds 2` in the next: the file then holds three builds."
