@@ -68,12 +68,19 @@ def pinned_build(root:Path, profile:str):
     subprocess.run([sys.executable, '-c', f"from fusion_nb.reproduce.profiles import load_profile, prepare; prepare(load_profile({profile!r}), "
                     "progress=False)"], env=env, cwd=root, check=True)
 
+def seed_columns(table:pd.DataFrame)->list[str]:
+    "The table's `seed N` columns, by N."
+    return sorted((c for c in table.columns if str(c).startswith('seed ')), key=lambda c: int(c.split()[1]))
+
+def with_spread(wide:pd.DataFrame)->pd.DataFrame:
+    "Seed columns indexed by (experiment, table, row) → the file's rows: each seed's value, then min, max and spread (max − min)."
+    seeds = seed_columns(wide)
+    return wide[seeds].assign(min=wide[seeds].min(axis=1), max=wide[seeds].max(axis=1),
+                              spread=wide[seeds].max(axis=1) - wide[seeds].min(axis=1)).round(2).reset_index()
+
 def spread_table(runs:dict[int, pd.DataFrame])->pd.DataFrame:
     "One row per (experiment, table, row): the value of each seed, then min, max and spread (max − min)."
-    wide = pd.concat({f'seed {s}': runs[s].set_index(['experiment', 'table', 'row'])['value'] for s in sorted(runs)}, axis=1)
-    seeds = list(wide.columns)
-    return wide.assign(min=wide[seeds].min(axis=1), max=wide[seeds].max(axis=1),
-                       spread=wide[seeds].max(axis=1) - wide[seeds].min(axis=1)).round(2).reset_index()
+    return with_spread(pd.concat({f'seed {s}': runs[s].set_index(['experiment', 'table', 'row'])['value'] for s in sorted(runs)}, axis=1))
 
 # Experiments whose builds train a zoo of their own, not the benchmark's (the CLIP and its experts): their rows stay valid
 # when only the benchmark's zoo changes, with the recipe of their own zoo (the header's 'robust zoo', 'llava zoo').
@@ -88,7 +95,7 @@ def run_only(run:str)->list[str]:
 
 def seeds_in(table:pd.DataFrame)->list[int]:
     "The seeds a spread table holds a value of."
-    return sorted(int(c.split()[1]) for c in table.columns if c.startswith('seed ') and table[c].notna().any())
+    return [int(c.split()[1]) for c in seed_columns(table) if table[c].notna().any()]
 
 def split_runs(text:str)->list[str]:
     "The header's runs, split at '; ' outside parentheses (a run's note may hold '; ')."
@@ -109,17 +116,13 @@ def merge_previous(out:Path, table:pd.DataFrame, recipes:dict, only:list[str])->
     experiments = set(table.experiment)
     keep = old[~old.experiment.isin(experiments)]
     if not same: keep = keep[keep.experiment.map(own_zoo).notna()]   # measured on another benchmark zoo: dropped, not mislabelled
-    seeds_now = [c for c in table.columns if c.startswith('seed ')]
+    seeds_now = seed_columns(table)
     before = old[old.experiment.isin(experiments)].set_index(['experiment', 'table', 'row']) if same else pd.DataFrame()
-    extra = [c for c in before.columns if c.startswith('seed ') and c not in seeds_now and before[c].notna().any()]
+    extra = [c for c in seed_columns(before) if c not in seeds_now and before[c].notna().any()]
     if extra:   # seeds of an earlier run on this zoo, beside this run's
-        wide = table.set_index(['experiment', 'table', 'row'])[seeds_now].join(before[extra], how='left')
-        seeds = sorted(wide.columns, key=lambda c: int(c.split()[1]))
-        wide = wide[seeds]
-        table = wide.assign(min=wide.min(axis=1), max=wide.max(axis=1), spread=wide.max(axis=1) - wide.min(axis=1)).round(2).reset_index()
+        table = with_spread(table.set_index(['experiment', 'table', 'row'])[seeds_now].join(before[extra], how='left'))
     table = pd.concat([keep, table], ignore_index=True)
-    seeds = sorted((c for c in table.columns if c.startswith('seed ')), key=lambda c: int(c.split()[1]))
-    table = table[['experiment', 'table', 'row', *seeds, 'min', 'max', 'spread']]
+    table = table[['experiment', 'table', 'row', *seed_columns(table), 'min', 'max', 'spread']]
     kept_zoos = {own_zoo(e) for e in keep.experiment} - {None}
     recipes |= {k: v for k, v in old_recipes.items() if k != 'zoo' and (same or k in kept_zoos)}
     runs = split_runs(old_head.split('runs: ', 1)[-1]) if 'runs: ' in old_head else \
