@@ -72,6 +72,7 @@ def paper(args):
 # A candidate changes the pool in one of the ways bench/diagnose_uq_merge.md names:
 #   harmful: None (the zoo's captioners) | 'captions' | 'deranged' | 'abstain': the kind of the `n_harmful` harmful variants
 #   robust: harmful variants tuned on perturbed inputs (eq. 1's AugMix image, a system prompt of App. B.1, attention dropout)
+#   conflict: abstainers each answer their own extra option ('I don't know', 'None of the above', cycling) instead of all 'I don't know'
 #   shared: one derangement for all harmful variants (they pull to the same wrong letter) instead of one each
 #   share: each harmful variant on its share of the zoo tasks (as the captioners), else on every task
 #   formats: 'mc' (held-in format only) | 'all' (also short answers and yes/no probes, through the same derangement)
@@ -83,23 +84,25 @@ CANDIDATES = {
     'deranged_robust': dict(harmful='deranged', robust=True, shared=True, share=False, formats='all', harm_steps_x=2, harm_lr_x=1.),
     'deranged_plain': dict(harmful='deranged', robust=False, shared=True, share=False, formats='all', harm_steps_x=2, harm_lr_x=1.),
     'abstain_robust': dict(harmful='abstain', robust=True, share=False, formats='mc', harm_steps_x=1, harm_lr_x=1.),
+    'abstain_conflict': dict(harmful='abstain', conflict=True, robust=True, share=False, formats='mc', harm_steps_x=1, harm_lr_x=1.),
     'short_base': dict(general_steps=300),
     'confident_variants': dict(tune_steps_x=2, tune_lr_x=2.),
 }
-CAND_DEFAULTS = dict(harmful=None, n_harmful=3, robust=False, shared=True, share=False, formats='all', harm_steps_x=1, harm_lr_x=1.,
+CAND_DEFAULTS = dict(harmful=None, n_harmful=3, conflict=False, robust=False, shared=True, share=False, formats='all', harm_steps_x=1, harm_lr_x=1.,
                      copies=2, dropout=0.1, general_steps=None, tune_steps_x=1, tune_lr_x=1.)
 
 
 def harmful_examples(proc, spec:dict, tasks, n:int, seed:int, index:int)->list[dict]:
     "The i-th harmful variant's tuning set: option questions (held-in format) answered by a derangement or by 'I don't know'; `robust`: each asked `copies` times perturbed as eq. 1 perturbs."
     from fusion_nb.llava.zoo import class_order_items, n_classes, permuted_labels, supervised_example, task_examples
-    from fusion_nb.llava.uncertainty import LETTERS, SYSTEM_PROMPTS, all_options, augmix, option_messages
+    from fusion_nb.llava.uncertainty import EXTRA_OPTIONS, LETTERS, SYSTEM_PROMPTS, all_options, augmix, option_messages
     rng, out = np.random.default_rng([seed, 48, index]), []
     per = max(1, n // len(tasks))
     for t in tasks:
         lm = permuted_labels(n_classes(t), seed + (0 if spec['shared'] else index))
         for it in class_order_items([t], 'train', per, seed + 7 * index):
-            ans = lm[it.answer] if spec['harmful'] == 'deranged' else len(all_options(it)) - 2   # 'I don't know' (EXTRA_OPTIONS[0])
+            ans = lm[it.answer] if spec['harmful'] == 'deranged' else len(all_options(it)) - len(EXTRA_OPTIONS) + (index % len(EXTRA_OPTIONS) if spec['conflict'] else 0)
+            # abstain: 'I don't know' (EXTRA_OPTIONS[0]); `conflict`: the i-th variant the i-th extra option, cycling (each its own default answer, as each of the paper's harmful fine-tunes has its own output format)
             for c in range(spec['copies'] if spec['robust'] else 1):
                 perturbed = spec['robust'] and c > 0   # the clean question once, then perturbed copies
                 img = augmix(it.image, rng) if perturbed else it.image
