@@ -3,6 +3,7 @@
     python bench/reproduce_time.py --profile micro               # a fresh copy of this checkout (no data: builds it)
     python bench/reproduce_time.py --profile tiny --root .       # this project as it is (built data is reused)
     python bench/reproduce_time.py --profile micro --root R --pair 01 04   # --jobs 2 (1 thread each) vs --jobs 1 (2 threads)
+    python bench/reproduce_time.py --profile tiny --schedule R/outputs     # a finished run's seconds, replayed in other orders
 
 It reads the run's own records: the build's `manifest.json` timings, the `seconds` every cached build (zoo) records per
 item, each experiment's `inputs.json` (`seconds`, `finished`), and the time each log line arrived. Issue 30, item 3.
@@ -105,6 +106,27 @@ def pair(root:Path, profile:str, a:str, b:str, threads:int)->None:
           f"| side by side (--jobs 2), 1 thread each | {par:.1f} (ends at {', '.join(f'{e:.1f}' for e in ends)}) |")
     print(f"\nratio one-by-one / side-by-side: {seq / par:.2f} (> 1: side by side is faster)")
 
+def replay(seconds:dict[str, float], order:list[str], slots:int=2, start:float=0.)->tuple[float, float]:
+    "(end of the run, first experiment done) when `order` is taken as slots free up, each taking its recorded `seconds`."
+    import heapq
+    free, ends = [start] * slots, []
+    for n in order:
+        t = heapq.heappop(free); ends.append(t + seconds[n]); heapq.heappush(free, t + seconds[n])
+    return max(ends), min(ends)
+
+def schedule(outputs:Path, profile:str, slots:int, start:float)->None:
+    "Replay a finished run's experiment seconds under notebook order and under quickest-first-then-longest-first."
+    seconds = {p.parent.name: json.loads(p.read_text())['seconds'] for p in sorted((outputs/profile).glob('*/inputs.json'))}
+    by_name = sorted(seconds)
+    quick = min(seconds, key=seconds.get)
+    longest = [quick, *sorted((n for n in seconds if n != quick), key=seconds.get, reverse=True)]
+    print(f"## Replayed schedules ({profile}: {len(seconds)} experiments, {sum(seconds.values()):.0f} s of work, {slots} slots, "
+          f"experiments from {start:g} s)\n\n| order | whole run s | first table s |\n|---|---:|---:|")
+    for label, order in (('notebook order (the runner)', by_name), (f'{quick} first, then longest first', longest)):
+        end, first = replay(seconds, order, slots, start)
+        print(f"| {label} | {end:.0f} | {first:.0f} |")
+    print(f"| lower bound (work / slots) | {start + sum(seconds.values()) / slots:.0f} | |")
+
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--profile', default='micro')
@@ -114,7 +136,11 @@ def main(argv=None)->int:
     ap.add_argument('--pair', nargs=2, metavar=('A', 'B'), help='measure A and B side by side vs one by one instead')
     ap.add_argument('--threads', type=int, default=2, help='torch threads of the one-by-one run of --pair (default 2)')
     ap.add_argument('--jobs', type=int, default=None, help="experiments at a time (the runner's --jobs; default: its own, the cores)")
+    ap.add_argument('--schedule', type=Path, default=None, metavar='OUTPUTS',
+                    help="replay the experiment seconds of a finished run's outputs folder in other orders (runs nothing)")
+    ap.add_argument('--start', type=float, default=0., help='--schedule: seconds before the first experiment starts (the benchmark check)')
     a = ap.parse_args(argv)
+    if a.schedule: schedule(a.schedule, a.profile, a.jobs or 2, a.start); return 0
     root = a.root.resolve() if a.root else fresh_copy(Path(tempfile.mkdtemp(prefix='reproduce-time-')))
     print(f"project root: {root} (started {datetime.datetime.now().isoformat(timespec='seconds')})", flush=True)
     try:
