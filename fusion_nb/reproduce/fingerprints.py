@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..core import FusionError, file_hashes
-from .profiles import PLACEMENT_KEYS, Profile, is_local
+from .profiles import ORDER_KEYS, PLACEMENT_KEYS, Profile, is_local
 import fusion_nb
 
 # %% auto #0
@@ -218,6 +218,6 @@ def experiment_inputs(nb_path:str|Path, # the experiment notebook
     "What an experiment's outputs depend on, with their `hash`."
     d = {'notebook': notebook_hash(nb_path), 'parameters': params, 'version': fusion_nb.__version__, 'code': code_fingerprint(nb_path)}
     if profile is not None:
-        d['profile'] = {k: v for k, v in vars(profile).items() if k not in ('root', 'raw', *PLACEMENT_KEYS)}   # not where it ran; `raw` repeats the keys as written
+        d['profile'] = {k: v for k, v in vars(profile).items() if k not in ('root', 'raw', *PLACEMENT_KEYS, *ORDER_KEYS)}   # not where it ran; `raw` repeats the keys as written
         d['data'] = data_fingerprint(profile, Path(nb_path).stem)
     return with_hash(d)

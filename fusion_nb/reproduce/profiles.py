@@ -17,11 +17,11 @@ from ..core import FusionError, UnknownNameError, get_device, get_dtype, project
 from ..checkpoints import dataset_cached, env_true, file_cached, hub_reachable, is_local, model_cached, resolve_source
 
 # %% auto #0
-__all__ = ['PLACEMENT_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'PAPER_KEYS', 'SCRATCH', 'SWEEPS', 'BUDGET_RANGES',
-           'EXPERIMENT_ENV', 'Profile', 'settings_path', 'list_profiles', 'declared_parameters', 'check_keys',
-           'check_budgets', 'load_profile', 'Source', 'experiment_sources', 'profile_sources', 'source_problems',
-           'missing_from_cache', 'checked_experiments', 'prepare', 'resolved_revisions', 'experiments_dir',
-           'list_experiments', 'select_experiments', 'profile_experiments']
+__all__ = ['PLACEMENT_KEYS', 'ORDER_KEYS', 'AUTOCAST', 'BUDGET_KEYS', 'BACKBONE_KEYS', 'PAPER_KEYS', 'SCRATCH', 'SWEEPS',
+           'BUDGET_RANGES', 'EXPERIMENT_ENV', 'Profile', 'settings_path', 'list_profiles', 'declared_parameters',
+           'check_keys', 'check_budgets', 'load_profile', 'Source', 'experiment_sources', 'profile_sources',
+           'source_problems', 'missing_from_cache', 'checked_experiments', 'prepare', 'resolved_revisions',
+           'experiments_dir', 'list_experiments', 'select_experiments', 'profile_experiments']
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #fc87d834
 @dataclass
@@ -49,13 +49,14 @@ class Profile:
     gpus_per_experiment:float = 0.0 # GPUs one experiment asks of a Ray cluster (`--backend ray`)
     beyond:bool = True # also run 01's and 04's "beyond the paper" blocks (newer methods), after the paper's rows
     experiments:list[str] = field(default_factory=list) # the experiments this profile runs (names or unique prefixes); empty: all
+    start_first:list[str] = field(default_factory=list) # experiments the runner starts first, in this order (names or prefixes); the rest follow by name
     extra:dict[str, str] = field(default_factory=dict) # keys the library does not know, kept as strings
     raw:dict[str, str] = field(default_factory=dict, repr=False) # the section's keys as written (overrides applied): what `profile_sources` reads
 
     def params(self)->dict:
         "Simple values (str, int, bool, list) to inject as papermill parameters."
         # `experiments` and the placement keys are the runner's, never a notebook's (05_generalization once took `experiments` for its splits)
-        d = {k: v for k, v in asdict(self).items() if k not in ('root', 'extra', 'raw', 'experts', 'datasets', 'experiments', *PLACEMENT_KEYS)}
+        d = {k: v for k, v in asdict(self).items() if k not in ('root', 'extra', 'raw', 'experts', 'datasets', 'experiments', *PLACEMENT_KEYS, *ORDER_KEYS)}
         return {**d, **self.extra}
 
     def output_dir(self, experiment:str, # the experiment (notebook stem)
@@ -73,9 +74,11 @@ class Profile:
 _INT_KEYS = {'max_test_samples': 0, 'batch_size': 1, 'num_workers': 0, 'seed': 0}  # key → smallest valid value
 _KNOWN = {'description', 'pretrained', 'tasks', 'expert_template', 'dataset_template', 'class_names', 'test_split',
           'max_test_samples', 'device', 'dtype', 'batch_size', 'num_workers', 'seed', 'build', 'hub', 'autocast',
-          'cpus_per_experiment', 'gpus_per_experiment', 'experiments', 'beyond'}
+          'cpus_per_experiment', 'gpus_per_experiment', 'experiments', 'start_first', 'beyond'}
 # where an experiment runs, not what it computes: not part of an experiment's inputs (fusion_nb.reproduce.runner)
 PLACEMENT_KEYS = ('cpus_per_experiment', 'gpus_per_experiment')
+# when an experiment starts, not what it computes: not part of its inputs either
+ORDER_KEYS = ('start_first',)
 AUTOCAST = ('none', 'bfloat16', 'float16')
 # budgets of the data-based and test-time methods, read by fusion_nb.reproduce.rows (its FUSION_SETTINGS)
 BUDGET_KEYS = {'fisher_examples', 'regmean_examples', 'data_batch_size', 'tta_batch_size', 'adamerging_steps', 'adamerging_lr',
@@ -209,7 +212,8 @@ def _parse(name:str, raw:dict, root:Path)->dict:
     return dict(pretrained=resolve_source(raw['pretrained'], root), tasks=tasks, experts=per_task('expert'),
                 datasets=per_task('dataset'), description=raw.get('description', '').strip(), class_names=cn,
                 test_split=raw.get('test_split', 'test').strip(), device=device, dtype=dtype,
-                build=raw.get('build', '').strip(), autocast=autocast, experiments=raw.get('experiments', '').split(), **kw)
+                build=raw.get('build', '').strip(), autocast=autocast, experiments=raw.get('experiments', '').split(),
+                start_first=raw.get('start_first', '').split(), **kw)
 
 # %% ../../nbs/reproduce/90_profiles.ipynb #ed68af91
 def load_profile(name:str|None=None, # profile (section of settings.ini); default 'tiny'

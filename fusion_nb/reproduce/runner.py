@@ -26,7 +26,7 @@ __all__ = ['CPU_KERNELS', 'PORTABLE_KERNELS', 'BACKENDS', 'RAY_CONNECT_TIMEOUT',
            'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure', 'papermill_parameters',
            'partial_dir', 'keep_partial', 'run_experiment', 'ray_module', 'computes_on_cpu', 'local_slots', 'run_local',
            'check_ray_address', 'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'prepare_logged',
-           'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep']
+           'start_order', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #ccf9d496
 def experiment_title(nb_path:str|Path)->str:
@@ -553,6 +553,17 @@ def prepare_logged(profile:Profile, # the profile about to run
     log(f"[{what}] ready after {time.time() - t0:.0f} s")
     return profile
 
+# %% ../../nbs/reproduce/92_runner.ipynb #eb07899b
+def start_order(profile:Profile, # the profile: its `start_first` key
+                names:Sequence[str], # the experiments about to run, by name
+               )->list[str]:
+    "`names` with the profile's `start_first` ones first, in that order; the rest after, as given."
+    everything = list_experiments(profile.root)
+    try: first = [n for w in profile.start_first for n in select_experiments(everything, [w])]   # each in the key's order
+    except UnknownNameError as e: raise FusionError(f"profile {profile.name!r}, key start_first: {e}") from None
+    first = [n for n in dict.fromkeys(first) if n in names]   # once each; a selection (--only) runs only what it names
+    return [*first, *(n for n in names if n not in first)]
+
 # %% ../../nbs/reproduce/92_runner.ipynb #e1dd9e29
 @tracked('reproduce')   # MLflow: a parent run, a nested run per experiment that ran (fusion_nb.reproduce.tracking)
 def reproduce(profile:str|None=None, # profile name (default: tiny)
@@ -569,7 +580,7 @@ def reproduce(profile:str|None=None, # profile name (default: tiny)
     "Run the experiments of a profile; write REPORT.md; return each experiment's status ('ok', 'skipped', 'failed')."
     check_backend(backend, jobs)
     prof = load_profile(profile, settings=settings)
-    names = profile_experiments(prof, only)
+    names = start_order(prof, profile_experiments(prof, only))   # the profile's start_first ones first
     if not names: raise FusionError(f"no experiment notebooks in {experiments_dir(prof.root)}")
     for n in names: experiment_parameters(experiments_dir(prof.root)/f'{n}.ipynb', prof)
     for n in names: check_owned(experiment_paths(n, prof, output_root)[1], n)   # nothing runs while a folder holds a user's file
