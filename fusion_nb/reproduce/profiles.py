@@ -55,7 +55,7 @@ class Profile:
 
     def params(self)->dict:
         "Simple values (str, int, bool, list) to inject as papermill parameters."
-        # `experiments` and the placement keys are the runner's, never a notebook's (05_generalization once took `experiments` for its splits)
+        # `experiments`, the placement and the order keys are the runner's, never a notebook's (05_generalization once took `experiments` for its splits)
         d = {k: v for k, v in asdict(self).items() if k not in ('root', 'extra', 'raw', 'experts', 'datasets', 'experiments', *PLACEMENT_KEYS, *ORDER_KEYS)}
         return {**d, **self.extra}
 
