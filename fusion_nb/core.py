@@ -20,7 +20,7 @@ __all__ = ['COMPUTE_ENV', 'DATASETS_CACHE_FILE', 'PROGRESS_MODES', 'AST_FIELDS_A
            'honour_umask', 'remove_stale_temps', 'human_bytes', 'tree_size', 'write_error', 'atomic_write',
            'atomic_write_text', 'atomic_dir', 'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'build_seed',
            'read_pins', 'restore_pin', 'save_pin', 'pinned_differences', 'cached_builds', 'progress_mode', 'heartbeat',
-           'project_root', 'check_known_keys', 'ast_text', 'json_digest', 'code_digest']
+           'project_root', 'check_known_keys', 'ast_text', 'json_digest', 'code_digest', 'tensor_digest']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -575,3 +575,12 @@ def code_digest(*objects)->str:
             tree.body = tree.body[1:]  # the module docstring names the notebook: not code
         trees.append(ast_text(tree))
     return json_digest(trees)
+
+# %% ../nbs/00_core.ipynb #848d151d
+def tensor_digest(*tensors:torch.Tensor)->str:
+    "SHA-1 of tensors' dtypes, shapes and bytes."
+    h = hashlib.sha1()
+    for t in tensors:
+        t = t.detach().to('cpu').contiguous()
+        h.update(f'{t.dtype} {tuple(t.shape)}'.encode()); h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -6,8 +6,9 @@ Docs: https://fusion-nb.github.io/fusion_nb/masking/counterfactual_ft.html.md"""
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #f7c7f336
 from __future__ import annotations
-import copy, math
-from dataclasses import dataclass, field
+import copy, hashlib, json, math, os, warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
@@ -17,18 +18,21 @@ from torch import nn, Tensor
 from tqdm.auto import tqdm
 from transformers import CLIPModel, CLIPVisionModel, get_cosine_schedule_with_warmup
 
-from ..core import FusionError, HyperparameterError, NonFiniteError, UnknownNameError, check_range, get_device, seed_everything
+from ..core import (FusionError, HyperparameterError, NonFiniteError, UnknownNameError, atomic_write, check_range, code_digest, get_device,
+                            json_digest, seed_everything, tensor_digest)
 from ..evaluation import cached_zeroshot_head, class_groups, group_predictions
 from ..tiny.finetune import pixel_values
 from .cam import ZeroShotLogits, class_cam
 from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
+from filelock import FileLock
 
 # %% auto #0
-__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'PIXEL_MEMO_BYTES', 'SPLIT_SEED', 'counterfactual_loss',
-           'kd_loss', 'subset_predictions', 'subset_accuracy', 'CounterfactualFT', 'finetune_budget', 'encoder_logits',
-           'dataset_pixels', 'dataset_logits', 'FineTuneResult', 'finetune_counterfactual', 'linear_probe',
-           'EncoderLogits', 'classifier_accuracy', 'evaluate_id_ood', 'evaluation_splits', 'embedding_distances',
-           'feature_drift', 'counterfactual_distance', 'claim_findings']
+__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'PIXEL_MEMO_BYTES', 'SPLIT_SEED', 'FINETUNE_CACHE',
+           'FINETUNE_CACHE_BYTES', 'counterfactual_loss', 'kd_loss', 'subset_predictions', 'subset_accuracy',
+           'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels', 'dataset_logits',
+           'FineTuneResult', 'finetune_counterfactual', 'dataset_digest', 'finetune_key', 'cached_finetune',
+           'linear_probe', 'EncoderLogits', 'classifier_accuracy', 'evaluate_id_ood', 'evaluation_splits',
+           'embedding_distances', 'feature_drift', 'counterfactual_distance', 'claim_findings']
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #0b083f85
 BETA = 30.  # section 4.1: "β in Eq. (2) is fixed to be 30 for all experiments"
@@ -195,6 +199,7 @@ class FineTuneResult:
     head:Tensor|None = field(default=None, repr=False)   # [classes, D] the head the encoder was selected with
     projection:nn.Module|None = field(default=None, repr=False)   # its visual projection when trained (`train_projection_head`), else None
     cams:list|None = field(default=None, repr=False)   # `keep_cams`: per step, (training rows, CAM relevance) of the masks built in training
+    read:bool = False   # read from `cached_finetune`'s folder, not trained by this call
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #8ca7908e
 SPLIT_SEED = 0  # the validation images are fixed, whatever the run's seed, so every row is selected on the same images (the authors' run.sh draws them per seed)
@@ -291,6 +296,95 @@ def finetune_counterfactual(clip:CLIPModel, # the pre-trained CLIP (left unchang
         projection = copy.deepcopy(clip.visual_projection).requires_grad_(False)
         projection.load_state_dict(best[2][2])
     return FineTuneResult(vision.to(device).eval(), best[1], best[0], pd.DataFrame(rows), best[2][1].cpu(), projection, cams if keep_cams else None)
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #588c344d
+_dataset_digests = {}   # id → (the dataset, kept alive so that its id is never another's; its digest)
+
+def dataset_digest(dataset)->str:
+    "SHA-256 of what a `datasets.Dataset` holds: its table's buffers, the rows it selects, its features (once per dataset object)."
+    hit = _dataset_digests.get(id(dataset))
+    if hit is None or hit[0] is not dataset:
+        h = hashlib.sha256(json.dumps(dataset.features.to_dict(), sort_keys=True).encode())
+        for part, table in (('rows', dataset.data), ('indices', dataset._indices)):
+            h.update(part.encode())
+            for batch in (table.table.to_batches() if table is not None else []):
+                h.update(str(batch.schema).encode() + f' {batch.num_rows}'.encode())
+                for col in batch.columns:
+                    for buf in col.buffers(): h.update(b'none' if buf is None else memoryview(buf))
+        _dataset_digests[id(dataset)] = hit = (dataset, h.hexdigest())
+    return hit[1]
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #07a9dc02
+def finetune_key(clip:CLIPModel, tokenizer, processor, train_dataset, class_names:Sequence[str], templates:Sequence[str], # as `finetune_counterfactual`
+                 cfg:CounterfactualFT=CounterfactualFT(), *, kd_teacher:CLIPVisionModel|None=None, head:Tensor|None=None,
+                 train_head:bool=False, seed:int=0, device=None)->str:
+    "Digest of everything a `finetune_counterfactual` run's result depends on: weights, rows, head, settings, seed, code, numerics."
+    import transformers, fusion_nb.masking.cam as cam, fusion_nb.masking.masks as masks, fusion_nb.tiny.finetune as pixels
+    import fusion_nb.masking.counterfactual_ft as me
+    device = get_device(device)
+    if head is None: head = cached_zeroshot_head(clip.to(device), tokenizer, class_names, templates, device=device)   # the run's own head
+    state = lambda m: json_digest({k: tensor_digest(v) for k, v in m.state_dict().items()})
+    return json_digest({'clip': state(clip), 'processor': processor.to_dict(), 'rows': dataset_digest(train_dataset),
+                        'class_names': list(class_names), 'templates': list(templates), 'head': tensor_digest(head), 'train_head': train_head,
+                        'kd_teacher': state(kd_teacher) if kd_teacher is not None else None, 'cfg': asdict(cfg), 'seed': seed,
+                        'code': code_digest(me, cam, masks, pixels),
+                        'numerics': {'device': str(device), 'threads': torch.get_num_threads(), 'cpu': os.environ.get('ATEN_CPU_CAPABILITY'),
+                                     'torch': torch.__version__, 'transformers': transformers.__version__}})
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #67d3a301
+FINETUNE_CACHE = Path('data')/'cache'/'finetunes'   # under the project root: the kept runs experiments 30 and 31 share
+FINETUNE_CACHE_BYTES = 16 * 2**30   # the kept runs at most (a tiny run: ~3.5 MB; ViT-B/16: ~350 MB, 27 shared); past it the runs used longest ago go
+
+def _kept(res:FineTuneResult)->dict:
+    "What `torch.save` keeps of a run: tensors and plain values only (read back with `weights_only`)."
+    return {'encoder': {k: v.detach().cpu() for k, v in res.encoder.state_dict().items()}, 'best_step': res.best_step,
+            'best_val_accuracy': res.best_val_accuracy, 'history': res.history.to_dict('list'), 'head': res.head,
+            'projection': {k: v.detach().cpu() for k, v in res.projection.state_dict().items()} if res.projection is not None else None,
+            'cams': res.cams}
+
+def _result(kept:dict, clip:CLIPModel, device)->FineTuneResult:
+    "The run `_kept` saved, as `finetune_counterfactual` returns it."
+    vision = CLIPVisionModel(clip.config.vision_config); vision.load_state_dict(kept['encoder'])
+    projection = None
+    if kept['projection'] is not None:
+        projection = copy.deepcopy(clip.visual_projection).requires_grad_(False); projection.load_state_dict(kept['projection'])
+        projection = projection.to(device)
+    return FineTuneResult(vision.to(device).eval(), kept['best_step'], kept['best_val_accuracy'], pd.DataFrame(kept['history']),
+                          kept['head'], projection, kept['cams'], read=True)
+
+# %% ../../nbs/masking/42_counterfactual_ft.ipynb #785e2fa0
+def _prune(folder:Path, max_bytes:int, keep:Path)->None:
+    "Remove the runs used longest ago until `folder` holds at most `max_bytes` (never `keep`, the run just written)."
+    runs = sorted(((f, f.stat()) for f in folder.glob('*.pt')), key=lambda fs: fs[1].st_mtime)
+    total = sum(s.st_size for _, s in runs)
+    for f, s in runs:
+        if total <= max_bytes: break
+        if f != keep: f.unlink(missing_ok=True); Path(f'{f}.lock').unlink(missing_ok=True); total -= s.st_size
+
+def cached_finetune(cache_dir:str|Path|None, # the kept runs' folder (None: nothing kept, `finetune_counterfactual` itself)
+                    clip:CLIPModel, tokenizer, processor, train_dataset, class_names:Sequence[str], templates:Sequence[str],
+                    cfg:CounterfactualFT=CounterfactualFT(), *, keep_cams:bool=False, max_bytes:int=FINETUNE_CACHE_BYTES,
+                    **kwargs)->FineTuneResult: # `finetune_counterfactual`'s other keywords
+    "`finetune_counterfactual`, its result kept in `cache_dir` under `finetune_key`: a run seen before is read, not trained again."
+    import inspect
+    if bad := set(kwargs) - set(inspect.signature(finetune_counterfactual).parameters):
+        raise TypeError(f"cached_finetune: unknown keyword(s) {', '.join(sorted(bad))} (finetune_counterfactual's are taken)")
+    run = lambda: finetune_counterfactual(clip, tokenizer, processor, train_dataset, class_names, templates, cfg, keep_cams=keep_cams, **kwargs)
+    if cache_dir is None: return run()
+    keyed = {k: v for k, v in kwargs.items() if k in inspect.signature(finetune_key).parameters}
+    path = Path(cache_dir)/f"{finetune_key(clip, tokenizer, processor, train_dataset, class_names, templates, cfg, **keyed)}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f'{path}.lock'):   # experiments side by side: the first to ask trains it, the other waits and reads it
+        kept = None
+        try: kept = torch.load(path, weights_only=True)
+        except FileNotFoundError: pass
+        except Exception as e: warnings.warn(f"the kept fine-tuning run {path} cannot be read ({type(e).__name__}: {e}): it is trained again")
+        if kept is not None and (kept['cams'] is not None or not keep_cams):
+            os.utime(path); return _result(kept, clip, get_device(kwargs.get('device')))   # used now: the last to be pruned
+        res = run()
+        with atomic_write(path, 'wb') as f: torch.save(_kept(res), f)
+    _prune(path.parent, max_bytes, keep=path)
+    return res
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #3dd85c6e
 def linear_probe(clip:CLIPModel, tokenizer, processor, # the pre-trained CLIP, its tokenizer and image processor

@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/neulig/portland.html.md"""
 
 # %% ../../nbs/neulig/70_portland.ipynb #ee645ceb
 from __future__ import annotations
-import copy, functools, hashlib
+import copy, functools
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
@@ -15,13 +15,13 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 if TYPE_CHECKING: from transformers import CLIPVisionConfig; from transformers.modeling_outputs import BaseModelOutputWithPooling   # imported where used: transformers' models take seconds to import
 
-from ..core import HyperparameterError, IncompatibleModelsError
+from ..core import HyperparameterError, IncompatibleModelsError, tensor_digest
 from ..methods.registry import MergedStateDict, check_models, check_pool, read_tensor
 
 # %% auto #0
 __all__ = ['ENSEMBLE_COMBINES', 'FROZEN', 'Portland', 'check_coopvec', 'stack_experts', 'coop_params', 'merge_with_coopvec',
-           'coop_ensemble', 'tensor_digest', 'FrozenMemo', 'NeuLigModel', 'merged_pooled', 'expert_logits',
-           'merged_logits', 'ensemble_logprobs']
+           'coop_ensemble', 'FrozenMemo', 'NeuLigModel', 'merged_pooled', 'expert_logits', 'merged_logits',
+           'ensemble_logprobs']
 
 # %% ../../nbs/neulig/70_portland.ipynb #f65ec105
 class Portland(nn.Module):
@@ -106,15 +106,6 @@ def coop_ensemble(expert_logits:Tensor, # (K, batch, classes) each expert's logi
     if combine == 'logits': return F.log_softmax(torch.einsum('bk,kbc->bc', c, expert_logits.float()), -1)
     logw = c.clamp_min(torch.finfo(torch.float32).tiny).log().T[:, :, None]   # (K, batch, 1); a zero weight drops its expert
     return torch.logsumexp(F.log_softmax(expert_logits.float(), -1) + logw, dim=0)
-
-# %% ../../nbs/neulig/70_portland.ipynb #3cf70a52
-def tensor_digest(*tensors:Tensor)->str:
-    "SHA-1 of tensors' dtypes, shapes and bytes."
-    h = hashlib.sha1()
-    for t in tensors:
-        t = t.detach().to('cpu').contiguous()
-        h.update(f'{t.dtype} {tuple(t.shape)}'.encode()); h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 # %% ../../nbs/neulig/70_portland.ipynb #b1c32100
 def _autocast_state(device:torch.device)->str:

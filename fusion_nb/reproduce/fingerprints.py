@@ -10,15 +10,14 @@ import ast, contextlib, hashlib, json, warnings
 from pathlib import Path
 from typing import Mapping
 
-from ..core import FusionError, file_hashes
+from ..core import FusionError, file_hashes, json_digest
 from .profiles import ORDER_KEYS, PLACEMENT_KEYS, Profile, is_local
 import fusion_nb
 
 # %% auto #0
 __all__ = ['DATA_BUILDERS', 'BUILT_ON_USE', 'READS_SECOND_BACKBONE', 'read_notebook', 'import_graph', 'notebook_imports',
-           'code_fingerprint', 'notebook_parameters', 'experiment_parameters', 'json_digest', 'notebook_hash',
-           'package_hash', 'hash_cache', 'second_backbone_sources', 'data_fingerprint', 'with_hash',
-           'experiment_inputs']
+           'code_fingerprint', 'notebook_parameters', 'experiment_parameters', 'notebook_hash', 'package_hash',
+           'hash_cache', 'second_backbone_sources', 'data_fingerprint', 'with_hash', 'experiment_inputs']
 
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #cd6de840
 def read_notebook(nb_path:str|Path)->dict:
@@ -135,11 +134,6 @@ def experiment_parameters(nb_path:str|Path, # the experiment notebook
                           f"its parameters cell declares {', '.join(settable) or 'only profile and output_dir'}")
     values = profile.params()
     return {'profile': profile.name, **{k: values[k] for k in settable if k in values and k != 'name'}, **dict(overrides or {})}
-
-# %% ../../nbs/reproduce/98_fingerprints.ipynb #fad6faf5
-def json_digest(obj)->str:
-    "The sha256 of `obj` as sorted JSON (what is not JSON: its str)."
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #22a55cc7
 def notebook_hash(nb_path:str|Path)->str:

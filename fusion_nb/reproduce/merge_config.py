@@ -315,7 +315,8 @@ def _hf_plan(raw:dict, m:MergeMethod, base, models:dict, own:dict, w:str)->HFMer
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #92226bf5
 def merge_inputs(cfg:MergeConfig)->dict:
     "What a merge's result depends on (config, models' content, data, code), with its `hash`."
-    from fusion_nb.reproduce.fingerprints import data_fingerprint, json_digest, package_hash
+    from fusion_nb.core import json_digest
+    from fusion_nb.reproduce.fingerprints import data_fingerprint, package_hash
     from fusion_nb.reproduce.profiles import load_profile
     sources = {**({'base_model': cfg.base_model} if cfg.base_model else {}), **cfg.models}
     d = {'command': 'fusion-nb merge', 'config': cfg.raw,
@@ -343,7 +344,8 @@ def _plain(v)->bool: return v is None or isinstance(v, (bool, int, float, str)) 
 # %% ../../nbs/reproduce/94_merge_cli.ipynb #8f7d09bf
 def hf_inputs(plan:HFMergePlan)->dict:
     "What a Hugging Face merge depends on: the config, each model's files (names, sizes, safetensors headers: not the weights' bytes), the code."
-    from fusion_nb.reproduce.fingerprints import json_digest, package_hash
+    from fusion_nb.core import json_digest
+    from fusion_nb.reproduce.fingerprints import package_hash
     def fingerprint(src):
         d = resolve_model_dir(src)
         def head(f): 

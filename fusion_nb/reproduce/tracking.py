@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 from ..core import FusionError, project_root
 from .profiles import SWEEPS, list_experiments, load_profile, select_experiments
-from .fingerprints import json_digest
+from ..core import json_digest
 import fusion_nb
 
 # %% auto #0

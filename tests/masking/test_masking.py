@@ -200,11 +200,24 @@ def _check_feature_drift(out, runs, t1):
                                                                         - why.loc[('Ours', 'object-mask', 'no-fill'), 'drift OOD (cos. ×100)'])
 
 def test_comparison_notebook_on_micro(tmp_path):
-    "Experiment 31 runs on micro; its WiSE-FT curve ends at the zero-shot and the vanilla models, and table 2's rates grow as the threshold falls."
+    """Experiment 31 runs on micro; its WiSE-FT curve ends at the zero-shot and the vanilla models, and table 2's rates grow as the
+    threshold falls. Run after experiment 30 with the same runs, it reads 30's kept runs (not the first seed's single-fill ones, whose
+    CAMs Table 2 needs), and what it reads scores as 30's own."""
     import pandas as pd
+    (tmp_path/'30').mkdir()
+    out30 = _papermill('30_masked_images.ipynb', tmp_path/'30', 'maskings: object\nrefills: single multi\nthresholds: [0.5]')
     out = _papermill('31_masked_images_comparison.ipynb', tmp_path,
                      'thresholds: [0.5]\nwise_alphas: [0.0, 0.5, 1.0]\nsoup_lr_factors: [1.0, 2.0]\ntable2_images: 40')
+    runs = pd.read_csv(out/'runs.csv')
+    read = dict(zip(runs.method + '/' + runs.hparam.fillna('-').astype(str), runs.read))
+    # read whatever ran before: 30 has just kept these; never kept: LP-FT and WiSE-KD (the seed's single-fill run and the soup's
+    # other ingredient were kept by 31 when it ran before, with the same inputs)
+    assert (read['vanilla_ft/-'], read['ours:object:multi/0.5'], read['lp_ft/-'], read['wise_kd:ours/0.5'], read['wise_kd:vanilla/-']) == \
+           (True, True, False, False, False), read
     rec = pd.read_csv(out/'results.csv').pivot_table(index='model', columns='task', values='value')
+    rec30 = pd.read_csv(out30/'results.csv').pivot_table(index='model', columns='task', values='value')
+    for m, m30 in [('vanilla_ft/s0',) * 2, ('ours:object:multi/s0', 'ours:object:multi/0.5/s0'), ('ours:object:single/s0', 'ours:object:single/0.5/s0')]:
+        assert rec.loc[m].values == pytest.approx(rec30.loc[m30].values, abs=0), m   # read, read, trained again: the same scores
     # WiSE-FT at α = 0 is the zero-shot model and at α = 1 the vanilla fine-tuned one (fusion_nb.methods.interpolation.wise_ft)
     assert rec.loc['wise_ft/0.0/s0'].values == pytest.approx(rec.loc['zero_shot'].values)
     assert rec.loc['wise_ft/1.0/s0'].values == pytest.approx(rec.loc['vanilla_ft/s0'].values)
