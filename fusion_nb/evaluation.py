@@ -87,8 +87,10 @@ class ZeroShotClassifier(nn.Module):
                  head:Tensor, # [C, D] zero-shot head
                  combine:str='probs', # how an ensemble combines: 'probs', 'logits' or 'features'
                  weights:Sequence[float]|None=None, # ensemble weights (default: uniform)
+                 shared:dict|None=None, # a memo the classifiers of one evaluation share: each encoder's features of the batch, computed once
                 ):
         super().__init__()
+        self.shared = shared
         if combine not in COMBINE: raise HyperparameterError(f"combine={combine!r}: expected one of {', '.join(COMBINE)}")
         encs = [encoders] if isinstance(encoders, nn.Module) else list(encoders)
         if not encs: raise HyperparameterError("ZeroShotClassifier needs at least one encoder")
@@ -111,11 +113,15 @@ class ZeroShotClassifier(nn.Module):
 
     def features(self, pixel_values:Tensor)->Tensor:
         "(members, batch, D) projected, unnormalised image embeddings, float32."
-        proj = next(self.visual_projection.parameters(), None)
+        proj, memo = next(self.visual_projection.parameters(), None), self.shared
+        if memo is not None and memo.get('batch') is not pixel_values: memo.clear(); memo['batch'] = pixel_values   # kept: its id is never another batch's
         out = []
         for e in self.encoders:
+            key = (id(e), id(self.visual_projection), self.dtype)   # an encoder in several rows (ensembles' members, the experts' rows)
+            if memo is not None and key in memo: out.append(memo[key]); continue
             pooled = e(pixel_values=pixel_values.to(self.dtype)).pooler_output
             out.append(self.visual_projection(pooled.to(proj.dtype) if proj is not None else pooled).float())
+            if memo is not None: memo[key] = out[-1]
         return torch.stack(out)
 
     def forward(self, pixel_values:Tensor)->Tensor:
@@ -286,10 +292,10 @@ def evaluate(models:Mapping[str, object], # row name → pool name, CLIPVisionMo
     heads = {t: task_head(model_pool, task_pool[t]) for t in task_order}   # every prompt embedded before any image is read
     data = {t: task_pool[t].load(max_samples=max_samples, seed=seed) for t in task_order}
     loader = task_batches(data, model_pool.processor, batch_size, num_workers, pin_memory=device.type == 'cuda')
-    records = []
+    records, shared = [], {}   # shared: each encoder runs once per batch, however many rows hold it
     by_task = itertools.groupby(loader, key=lambda pair: pair[0])   # one stream, split where the task changes
     for t, pairs in tqdm(by_task, desc='tasks', total=len(task_order), disable=not progress or len(task_order) < 2):
-        clfs = {m: ZeroShotClassifier(encs, clip.visual_projection, clip.logit_scale, heads[t], comb, w).to(device)
+        clfs = {m: ZeroShotClassifier(encs, clip.visual_projection, clip.logit_scale, heads[t], comb, w, shared=shared).to(device)
                 for m, (encs, w, comb) in rows.items() if t in per[m]}
         res = evaluate_task(clfs, (batch for _, batch in pairs), device, progress, desc=f'task {t!r}', autocast=autocast)
         records += [{'model': m, 'task': t, 'metric': k, 'value': v, **columns} for m, r in res.items() for k, v in r.items()]
