@@ -2,6 +2,7 @@
 
     python bench/portable_kernels.py                         # micro: its run-time training, native vs portable, twice each
     python bench/portable_kernels.py --profile tiny --steps 20   # tiny's models and batches, 20 steps of each learned part
+    python bench/portable_kernels.py --profile tiny --steps 10 --knobs   # which of the three settings costs the time
 
 Experiment 10 declares `cpu_kernels = "portable"`: `fusion-nb reproduce` starts its kernel with
 `fusion_nb.reproduce.runner.PORTABLE_KERNELS`. This runs the parts of it that train at run time — NeuLig's Portland
@@ -60,35 +61,45 @@ def run(profile:str, steps:int, env:dict)->dict:
     if r.returncode: sys.exit(r.stderr[-3000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
+KNOBS = {'ATen default': {'ATEN_CPU_CAPABILITY': 'default'}, 'MKL compatible': {'MKL_CBWR': 'COMPATIBLE'},
+         'oneDNN SSE4.1': {'ONEDNN_MAX_CPU_ISA': 'SSE41'},
+         'portable, ATen avx2': {'ATEN_CPU_CAPABILITY': 'avx2'}}   # --knobs: each of PORTABLE_KERNELS' settings alone; the portable ones with ATen's AVX2 loops
+
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--profile', default='micro'); ap.add_argument('--steps', type=int, default=0, help="each learned part's steps (0: the profile's)")
     ap.add_argument('--repeats', type=int, default=2)
+    ap.add_argument('--knobs', action='store_true', help="also each portable setting alone, and the portable ones with ATen's AVX2 loops: which costs the time")
     a = ap.parse_args(argv)
     cap_name, cap = other_cpu_env()
     base = {k: v for k, v in os.environ.items() if k not in {*cap, 'ATEN_CPU_CAPABILITY', 'MKL_CBWR', 'MKL_ENABLE_INSTRUCTIONS', 'ONEDNN_MAX_CPU_ISA'}}
     base |= {'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}
     settings = {'native': base, 'portable': kernel_env('portable', base)}
+    if a.knobs: settings |= {k: ({**kernel_env('portable', base), **v} if k.startswith('portable') else {**base, **v}) for k, v in KNOBS.items()}
     print(f"profile {a.profile}, steps: {a.steps or 'the profile'}'s, this CPU's kernels {cap_name}, capped with {cap}, "
           f"{base['OMP_NUM_THREADS']} thread(s), load {os.getloadavg()[0]:.1f}", flush=True)
     runs = {name: [] for name in settings}
-    for i in range(a.repeats):
+    for i in range(a.repeats):   # settings alternate, so the machine's load meets each alike
         for name, env in settings.items():
             runs[name].append(run(a.profile, a.steps, env)); print(f"  {name} #{i + 1}: {runs[name][-1]}", flush=True)
-    capped = {name: run(a.profile, a.steps, {**env, **cap} if name == 'native' else kernel_env('portable', {**base, **cap}))
-              for name, env in settings.items()}
+    # under the cap: the setting's own variables win over the cap's (as the runner sets them over any environment)
+    capped = {name: run(a.profile, a.steps, {**env, **cap} if name == 'native' else {**env, **{k: v for k, v in cap.items() if k not in env}})
+              for name, env in settings.items() if not name.startswith(('ATen', 'MKL', 'oneDNN'))}   # the knobs alone: their time only
     parts = list(runs['native'][0]['seconds'])
     best = {name: {p: min(r['seconds'][p] for r in rs) for p in parts} for name, rs in runs.items()}
-    print(f"\n| part | native s | portable s | portable / native | native | native, capped | portable | portable, capped |")
-    print("|---|---:|---:|---:|---|---|---|---|")
+    others = [n for n in settings if n != 'native']
+    print("\n| part | native s | " + " | ".join(f"{n} s | / native" for n in others) + " |")
+    print("|---|---:|" + "---:|---:|" * len(others))
     for p in parts + ['all']:
-        n, q = (sum(best[k].values()) if p == 'all' else best[k][p] for k in ('native', 'portable'))
-        h = lambda r: '' if p == 'all' else r['hashes'][p]
-        print(f"| {p} | {n:.1f} | {q:.1f} | {q / n:.2f} | {h(runs['native'][0])} | {h(capped['native'])} | {h(runs['portable'][0])} | {h(capped['portable'])} |")
-    same = all(capped['portable']['hashes'][p] == runs['portable'][0]['hashes'][p] for p in parts)
-    print(f"\nportable kernels: {'the same bytes' if same else 'OTHER BYTES'} under the cap; native: "
-          f"{sum(capped['native']['hashes'][p] != runs['native'][0]['hashes'][p] for p in parts)} of {len(parts)} parts differ under the cap")
-    return 0 if same else 1
+        sec = {n: sum(best[n].values()) if p == 'all' else best[n][p] for n in settings}
+        print(f"| {p} | {sec['native']:.1f} | " + " | ".join(f"{sec[n]:.1f} | {sec[n] / sec['native']:.2f}" for n in others) + " |")
+    print("\n| part | " + " | ".join(f"{n} | {n}, capped" for n in capped) + " |")
+    print("|---|" + "---|---|" * len(capped))
+    for p in parts: print(f"| {p} | " + " | ".join(f"{runs[n][0]['hashes'][p]} | {capped[n]['hashes'][p]}" for n in capped) + " |")
+    same = {n: all(capped[n]['hashes'][p] == runs[n][0]['hashes'][p] for p in parts) for n in capped if n != 'native'}
+    print("\n" + "; ".join(f"{n}: {'the same bytes' if ok else 'OTHER BYTES'} under the cap" for n, ok in same.items()) +
+          f"; native: {sum(capped['native']['hashes'][p] != runs['native'][0]['hashes'][p] for p in parts)} of {len(parts)} parts differ under the cap")
+    return 0 if same['portable'] else 1
 
 if __name__ == '__main__':
     sys.exit(main())
