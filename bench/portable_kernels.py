@@ -18,7 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO/'.ci')]
-from fusion_nb.reproduce.runner import kernel_env
+from fusion_nb.reproduce.runner import PORTABLE_KERNELS, kernel_env
 from other_cpu import other_cpu_env
 
 PART = r"""
@@ -61,9 +61,8 @@ def run(profile:str, steps:int, env:dict)->dict:
     if r.returncode: sys.exit(r.stderr[-3000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
-KNOBS = {'ATen default': {'ATEN_CPU_CAPABILITY': 'default'}, 'MKL compatible': {'MKL_CBWR': 'COMPATIBLE'},
-         'oneDNN SSE4.1': {'ONEDNN_MAX_CPU_ISA': 'SSE41'},
-         'portable, ATen avx2': {'ATEN_CPU_CAPABILITY': 'avx2'}}   # --knobs: each of PORTABLE_KERNELS' settings alone; the portable ones with ATen's AVX2 loops
+ALONE = {f'{k}={v} alone': {k: v} for k, v in PORTABLE_KERNELS.items()}   # --knobs: each portable setting by itself (its time only)
+VARIANTS = {'portable, ATEN_CPU_CAPABILITY=avx2': {'ATEN_CPU_CAPABILITY': 'avx2'}}   # --knobs: the portable settings with ATen's AVX2 loops
 
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,7 +74,7 @@ def main(argv=None)->int:
     base = {k: v for k, v in os.environ.items() if k not in {*cap, 'ATEN_CPU_CAPABILITY', 'MKL_CBWR', 'MKL_ENABLE_INSTRUCTIONS', 'ONEDNN_MAX_CPU_ISA'}}
     base |= {'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}
     settings = {'native': base, 'portable': kernel_env('portable', base)}
-    if a.knobs: settings |= {k: ({**kernel_env('portable', base), **v} if k.startswith('portable') else {**base, **v}) for k, v in KNOBS.items()}
+    if a.knobs: settings |= {k: {**base, **v} for k, v in ALONE.items()} | {k: {**kernel_env('portable', base), **v} for k, v in VARIANTS.items()}
     print(f"profile {a.profile}, steps: {a.steps or 'the profile'}'s, this CPU's kernels {cap_name}, capped with {cap}, "
           f"{base['OMP_NUM_THREADS']} thread(s), load {os.getloadavg()[0]:.1f}", flush=True)
     runs = {name: [] for name in settings}
@@ -84,7 +83,7 @@ def main(argv=None)->int:
             runs[name].append(run(a.profile, a.steps, env)); print(f"  {name} #{i + 1}: {runs[name][-1]}", flush=True)
     # under the cap: the setting's own variables win over the cap's (as the runner sets them over any environment)
     capped = {name: run(a.profile, a.steps, {**env, **cap} if name == 'native' else {**env, **{k: v for k, v in cap.items() if k not in env}})
-              for name, env in settings.items() if not name.startswith(('ATen', 'MKL', 'oneDNN'))}   # the knobs alone: their time only
+              for name, env in settings.items() if name not in ALONE}
     parts = list(runs['native'][0]['seconds'])
     best = {name: {p: min(r['seconds'][p] for r in rs) for p in parts} for name, rs in runs.items()}
     others = [n for n in settings if n != 'native']
