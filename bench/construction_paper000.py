@@ -8,6 +8,7 @@
     python bench/construction_paper000.py compare NAME...            # the candidates side by side
     python bench/construction_paper000.py measure NAME --methods [--rows R... --suffix S]   # paper 000's rows by the package's fuse()
     python bench/construction_paper000.py build NAME --corpus digits-near ...   # SVHN/MNIST pretraining renderings without the zoom-out
+    python bench/construction_paper000.py build NAME --corpus cars-near --seed 1 ...   # Cars' likewise; --seed: another build of it
 
 A candidate is the tiny `ZooConfig` with some fields replaced (`dataclasses.replace`): the package is not touched, the
 datasets are the tiny benchmark's (`--datasets`, a built data/tiny/datasets), the weights go to `--scratch`/NAME.
@@ -56,7 +57,8 @@ def near_shift(img, rng):
     im = im.crop((int(x), int(y), int(x) + c, int(y) + c)).resize((S, S), Image.BILINEAR)
     return im.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 1.2))))
 
-CORPORA = {'package': (), 'digits-near': ('svhn', 'mnist')}   # --corpus: the tasks whose pretraining renderings get `near_shift`
+CORPORA = {'package': (), 'digits-near': ('svhn', 'mnist'),   # --corpus: the tasks whose pretraining renderings get `near_shift`
+           'cars-near': ('stanford_cars',)}   # B/32 knows Cars before fine-tuning (zero-shot 59.8 of the expert's 78.3); tiny does not
 
 def use_corpus(name:str)->list[str]:
     "Give the tasks of `CORPORA[name]` a `pretrain` renderer (their train renderer, `near_shift`ed) in this process only."
@@ -158,11 +160,12 @@ def measure_methods(a, clip_dir:Path, models:Path, t0:float):
     P = load_profile('tiny'); S = fusion_settings(P)   # the budgets settings.ini gives the tiny profile; its seed (42)
     mp = ModelPool(clip_dir, {t: models/f'clip-vit-tiny_{t}' for t in EIGHT_TASKS}, device='cpu')
     tp = TaskPool([Task(t, Path(a.datasets)/t) for t in EIGHT_TASKS])
-    data = MergeData(mp, tp, seed=P.seed, max_test_samples=a.max_test_samples)
+    fuse_seed = P.seed if a.fuse_seed is None else a.fuse_seed   # the test streams' seed is MergeData's: the methods' own `seed` draws nothing here
+    data = MergeData(mp, tp, seed=fuse_seed, max_test_samples=a.max_test_samples)
     pre, experts = mp.vision_state(PRETRAINED), {t: mp.vision_state(t) for t in EIGHT_TASKS}
     fused, seconds = {}, {}
     for r in a.rows or ROWS_000:
-        fused[r], seconds[r] = fuse(r, pre, experts, data, S, None, seed=P.seed, progress=False)
+        fused[r], seconds[r] = fuse(r, pre, experts, data, S, None, seed=fuse_seed, progress=False)
         print(f'{r:28s} {seconds[r]:7.1f} s', flush=True)
     if 'weight_ensembling_moe' in fused:   # the same routers with FusionBench's batch-averaged routing (leaky: one task per batch)
         fused['weight_ensembling_moe (batch, leaky)'] = copy.deepcopy(fused['weight_ensembling_moe']).set_routing('batch')
@@ -177,10 +180,10 @@ def measure_methods(a, clip_dir:Path, models:Path, t0:float):
     orders = pd.DataFrame([{'a above b (paper 000)': f'{x} > {y}', 'a − b here': avg[x] - avg[y], 'B/32': B32[x] - B32[y]}
                            for x, y in ORDERINGS_000 if x in avg and y in avg])
     text = [f'# candidate {a.name}: paper 000 rows by fuse() with the tiny profile budgets {dict((k, S[k]) for k in sorted(S) if k.startswith(("adamerging", "wemoe", "tta")))}, '
-            f'seed {P.seed}; measured in {time.time() - t0:.0f} s', table.round(2).to_string(), '', 'seconds to fuse: ' + json.dumps({k: round(v, 1) for k, v in seconds.items()}),
+            f'seed {P.seed}, fuse seed {fuse_seed}; measured in {time.time() - t0:.0f} s', table.round(2).to_string(), '', 'seconds to fuse: ' + json.dumps({k: round(v, 1) for k, v in seconds.items()}),
             '', orders.round(2).to_string(index=False)]
     print('\n'.join(text)); OUT.mkdir(exist_ok=True); (OUT/f'{a.name}_methods{a.suffix}.txt').write_text('\n'.join(text) + '\n')
-    (OUT/f'{a.name}_methods{a.suffix}.json').write_text(json.dumps({'models': str(models), 'settings': S, 'seed': P.seed, 'seconds': seconds,
+    (OUT/f'{a.name}_methods{a.suffix}.json').write_text(json.dumps({'models': str(models), 'settings': S, 'seed': P.seed, 'fuse_seed': fuse_seed, 'seconds': seconds,
                                                         'table': table.to_dict(), 'orderings': orders.to_dict('records')}, indent=1, default=float))
 
 def cmd_measure(a):
@@ -265,13 +268,15 @@ def main(argv=None):
     b = sub.add_parser('build'); b.add_argument('name'); b.add_argument('--clip-from'); b.add_argument('--scale', default='tiny')
     b.add_argument('--pretrain-only', action='store_true', help='no experts: `measure` then gives zero-shot only')
     b.add_argument('--corpus', choices=list(CORPORA), default='package',
-                   help="pretraining corpus: the package's, or 'digits-near' (SVHN and MNIST renderings without the zoom-out on clutter)")
+                   help="pretraining corpus: the package's, or 'digits-near' / 'cars-near' (SVHN and MNIST's, or Cars' renderings without the zoom-out on clutter)")
     for f, typ in FIELDS.items(): b.add_argument('--' + f.replace('_', '-'), type=typ)
     m = sub.add_parser('measure'); m.add_argument('name'); m.add_argument('--models', help='a zoo folder (default: the candidate NAME)')
     m.add_argument('--grid', action='store_true'); m.add_argument('--max-test-samples', type=int, default=0)
     m.add_argument('--methods', action='store_true', help="instead: paper 000's rows (fuse() of the package, tiny profile budgets) → NAME_methods.*")
     m.add_argument('--rows', nargs='+', help=f'with --methods: these rows only (default {" ".join(ROWS_000)})')
     m.add_argument('--suffix', default='', help='with --methods: written to NAME_methodsSUFFIX.* (a partial run beside a full one)')
+    m.add_argument('--fuse-seed', type=int, default=None, help="with --methods: the seed of the test-time streams (which unlabelled "
+                   "test images each step draws) and of `fuse`, instead of the profile's: a method's own run-to-run spread on one zoo, beside the spread between builds")
     c = sub.add_parser('compare'); c.add_argument('names', nargs='+')
     for p in (b, m):
         p.add_argument('--scratch', default=str(SCRATCH)); p.add_argument('--datasets', default='/work/scratch-47/datasets')
