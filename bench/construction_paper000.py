@@ -7,6 +7,7 @@
     python bench/construction_paper000.py measure pinned --models /work/main/data/tiny/models   # the pinned zoo, same bench
     python bench/construction_paper000.py compare NAME...            # the candidates side by side
     python bench/construction_paper000.py measure NAME --methods [--rows R... --suffix S]   # paper 000's rows by the package's fuse()
+    python bench/construction_paper000.py measure pinned --models data/tiny/models --methods --fuse-seed 1 --suffix _fuse1   # other test batches
     python bench/construction_paper000.py build NAME --corpus digits-near ...   # SVHN/MNIST pretraining renderings without the zoom-out
     python bench/construction_paper000.py build NAME --corpus cars-near --seed 1 ...   # Cars' likewise; --seed: another build of it
 
