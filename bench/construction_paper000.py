@@ -276,8 +276,8 @@ def main(argv=None):
     m.add_argument('--methods', action='store_true', help="instead: paper 000's rows (fuse() of the package, tiny profile budgets) → NAME_methods.*")
     m.add_argument('--rows', nargs='+', help=f'with --methods: these rows only (default {" ".join(ROWS_000)})')
     m.add_argument('--suffix', default='', help='with --methods: written to NAME_methodsSUFFIX.* (a partial run beside a full one)')
-    m.add_argument('--fuse-seed', type=int, default=None, help="with --methods: the seed of the test-time streams (which unlabelled "
-                   "test images each step draws) and of `fuse`, instead of the profile's: a method's own run-to-run spread on one zoo, beside the spread between builds")
+    m.add_argument('--fuse-seed', type=int, default=None, help="with --methods: MergeData's seed (which unlabelled test images each "
+                   "test-time step draws, which labelled samples Fisher and RegMean read) and `fuse`'s, instead of the profile's: a method's own run-to-run spread on one zoo, beside the spread between builds")
     c = sub.add_parser('compare'); c.add_argument('names', nargs='+')
     for p in (b, m):
         p.add_argument('--scratch', default=str(SCRATCH)); p.add_argument('--datasets', default='/work/scratch-47/datasets')
