@@ -892,6 +892,10 @@ class TinyTask:
 # %% ../../nbs/tiny/10_tasks.ipynb #90ff3587
 def _ignore_split(f): return lambda rng, y, split: f(rng, y)
 
+def _near_view(render):   # the pretraining renderer of a task the web shows framed as the benchmark does
+    return lambda rng, y: pretraining_shift(render(rng, y, 'train'), rng, zoom_out=False)   # pretraining_shift: see "Captions" below
+
+
 # %% ../../nbs/tiny/10_tasks.ipynb #9d0329e8
 def _imagenet(variant): return lambda rng, y, split: imagenet_scene(rng, y, variant)[0]
 
@@ -900,7 +904,7 @@ DIGITS = tuple(str(i) for i in range(10))
 IMAGENET_CLASSES = tuple(IMAGENET_SPRITES)
 TASKS:dict[str, TinyTask] = {t.name: t for t in [
     TinyTask('sun397', tuple(SUN397), _ignore_split(render_sun397)),
-    TinyTask('stanford_cars', tuple(CARS), _ignore_split(render_cars)),
+    TinyTask('stanford_cars', tuple(CARS), _ignore_split(render_cars), pretrain=_near_view(_ignore_split(render_cars))),
     TinyTask('resisc45', tuple(RESISC45), _ignore_split(render_resisc45)),
     TinyTask('eurosat', tuple(EUROSAT), _ignore_split(render_eurosat)),
     TinyTask('svhn', DIGITS, _ignore_split(render_svhn)),
@@ -1023,7 +1027,9 @@ def show_samples(task:str, per_class:int=6, seed:int=0, inches_per_image:float=0
     return fig
 
 # %% ../../nbs/tiny/10_tasks.ipynb #88fa4e1e
-def pretraining_shift(img:Image.Image, rng:np.random.Generator)->Image.Image:
+def pretraining_shift(img:Image.Image, rng:np.random.Generator,
+                      zoom_out:bool=True, # False: the view keeps its framing (no shrinking onto clutter)
+                     )->Image.Image:
     "A seeded domain shift: channel permutation or greyscale, crop, blur, and a zoomed-out view on clutter."
     a = np.asarray(img)
     k = rng.integers(0, 3)
@@ -1033,6 +1039,7 @@ def pretraining_shift(img:Image.Image, rng:np.random.Generator)->Image.Image:
     c = int(rng.integers(24, S + 1)); x, y = rng.integers(0, S - c + 1, 2)
     im = im.crop((int(x), int(y), int(x) + c, int(y) + c)).resize((S, S), Image.BILINEAR)
     im = im.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 1.2))))
+    if not zoom_out: return im
     # seen from farther away: shrunk and pasted on a random blurred background
     z = int(rng.integers(16, 25)); x, y = rng.integers(0, S - z + 1, 2)
     bg = Image.fromarray(rng.integers(0, 256, (S, S, 3), dtype=np.uint8)).filter(ImageFilter.GaussianBlur(2))
