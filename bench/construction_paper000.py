@@ -6,6 +6,7 @@
     python bench/construction_paper000.py measure NAME [--grid]      # → bench/construction_paper000/NAME.json and .txt
     python bench/construction_paper000.py measure pinned --models /work/main/data/tiny/models   # the pinned zoo, same bench
     python bench/construction_paper000.py compare NAME...            # the candidates side by side
+    python bench/construction_paper000.py spread NAME_s0 NAME_s1 NAME_s2   # builds of one candidate (--methods run on each): spreads, orderings
     python bench/construction_paper000.py measure NAME --methods [--rows R... --suffix S]   # paper 000's rows by the package's fuse()
     python bench/construction_paper000.py measure pinned --models data/tiny/models --methods --fuse-seed 1 --suffix _fuse1   # other test batches
     python bench/construction_paper000.py build NAME --corpus digits-near ...   # SVHN/MNIST pretraining renderings without the zoom-out
@@ -263,6 +264,26 @@ def cmd_compare(a):
     e = pd.DataFrame({n: r['per_task']['expert'] for n, r in recs.items()}); print('\nexperts per task'); print(e.round(1).to_string())
 
 
+SPREAD_NAMES_04 = {'pretrained': 'Pre-trained', 'finetuned': 'Fine-tuned (STL)', 'simple_average': 'Simple Averaging',
+                   'task_arithmetic': 'Task Arithmetic', 'ties_merging': 'Ties-Merging', 'task_wise_adamerging': 'Task-wise AdaMerging',
+                   'layer_wise_adamerging': 'Layer-wise AdaMerging', 'weight_ensembling_moe': 'Weight-Ensembling MoE'}   # experiment 04's row names
+
+def cmd_spread(a):
+    "Paper 000's rows over several builds of a candidate (their `measure --methods` files): each average's spread beside the spread file's, the orderings judged as experiment 04 judges them."
+    from fusion_nb.reproduce.reports import judge_beyond_spread, load_build_spread, spread_rows
+    runs = {n: json.loads((OUT/f'{n}_methods.json').read_text()) for n in a.names}
+    avg = pd.DataFrame({f'seed {i}': pd.Series(r['table']['Avg.']) for i, r in enumerate(runs.values())}).loc[list(SPREAD_NAMES_04)]
+    avg['spread'] = avg.max(axis=1) - avg.min(axis=1)
+    pinned = spread_rows(load_build_spread('tiny', ROOT)[0], '04_fusion_eight_tasks')   # the adopted construction's builds
+    avg['spread file'] = [pinned.loc[SPREAD_NAMES_04[r], 'spread'] if SPREAD_NAMES_04[r] in pinned.index else np.nan for r in avg.index]
+    judged = pd.DataFrame({f'{x} > {y}': judge_beyond_spread(avg.loc[x, 'seed 0'] - avg.loc[y, 'seed 0'], avg.loc[x].filter(like='seed') - avg.loc[y].filter(like='seed'))
+                           for x, y in ORDERINGS_000}).T
+    text = [f'# {", ".join(a.names)}: paper 000\'s averages, a column per build (seed 0 = "this run" for the verdicts)', avg.round(2).to_string(), '',
+            f'mean spread of the six merged rows: {avg.loc[ROWS_000, "spread"].mean():.2f} (spread file: {avg.loc[ROWS_000, "spread file"].mean():.2f})', '',
+            judged.to_string()]
+    print('\n'.join(text)); (OUT/f'spread_{a.names[0]}.txt').write_text('\n'.join(text) + '\n')
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     sub = ap.add_subparsers(dest='what', required=True)
@@ -279,13 +300,15 @@ def main(argv=None):
     m.add_argument('--fuse-seed', type=int, default=None, help="with --methods: MergeData's seed (which unlabelled test images each "
                    "test-time step draws, which labelled samples Fisher and RegMean read) and `fuse`'s, instead of the profile's: a method's own run-to-run spread on one zoo, beside the spread between builds")
     c = sub.add_parser('compare'); c.add_argument('names', nargs='+')
+    sp = sub.add_parser('spread', help='the builds NAME... of one candidate (each measured with --methods): spreads and orderings')
+    sp.add_argument('names', nargs='+')
     for p in (b, m):
         p.add_argument('--scratch', default=str(SCRATCH)); p.add_argument('--datasets', default='/work/scratch-47/datasets')
         p.add_argument('--threads', type=int, default=1); p.add_argument('--seed', type=int, default=0)
     a = ap.parse_args(argv)
-    if a.what != 'compare': torch.set_num_threads(a.threads)
+    if a.what in ('build', 'measure'): torch.set_num_threads(a.threads)
     t0 = time.time()
-    {'build': cmd_build, 'measure': cmd_measure, 'compare': cmd_compare}[a.what](a)
+    {'build': cmd_build, 'measure': cmd_measure, 'compare': cmd_compare, 'spread': cmd_spread}[a.what](a)
     print(f'\n# {a.what}: {time.time() - t0:.0f} s wall')
 
 if __name__ == '__main__':
