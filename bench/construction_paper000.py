@@ -264,25 +264,21 @@ def cmd_compare(a):
     e = pd.DataFrame({n: r['per_task']['expert'] for n, r in recs.items()}); print('\nexperts per task'); print(e.round(1).to_string())
 
 
-SPREAD_NAMES_04 = {'pretrained': 'Pre-trained', 'finetuned': 'Fine-tuned (STL)', 'simple_average': 'Simple Averaging',
-                   'task_arithmetic': 'Task Arithmetic', 'ties_merging': 'Ties-Merging', 'task_wise_adamerging': 'Task-wise AdaMerging',
-                   'layer_wise_adamerging': 'Layer-wise AdaMerging', 'weight_ensembling_moe': 'Weight-Ensembling MoE'}   # experiment 04's row names
-
 def cmd_spread(a):
-    "Paper 000's rows over several builds of a candidate (their `measure --methods` files): each average's spread beside the spread file's, the orderings judged as experiment 04 judges them."
-    from fusion_nb.reproduce.reports import judge_beyond_spread, load_build_spread, spread_rows
-    runs = {n: json.loads((OUT/f'{n}_methods.json').read_text()) for n in a.names}
-    avg = pd.DataFrame({f'seed {i}': pd.Series(r['table']['Avg.']) for i, r in enumerate(runs.values())}).loc[list(SPREAD_NAMES_04)]
+    "Paper 000's rows over several builds of a candidate (their `measure --methods` files) beside the spread file's builds: spreads, and the orderings judged as experiment 04 judges them."
+    from fusion_nb.reproduce.reports import ROW_LABELS, beyond_spread, load_build_spread, spread_rows
+    runs = [json.loads((OUT/f'{n}_methods.json').read_text()) for n in a.names]
+    avg = pd.DataFrame({f'seed {i}': pd.Series(r['table']['Avg.']) for i, r in enumerate(runs)}).loc[['pretrained', 'finetuned', *ROWS_000]]
+    avg = avg.rename(index=ROW_LABELS).round(2)   # two decimals, as the spread file keeps them
     avg['spread'] = avg.max(axis=1) - avg.min(axis=1)
-    pinned = spread_rows(load_build_spread('tiny', ROOT)[0], '04_fusion_eight_tasks')   # the adopted construction's builds
-    avg['spread file'] = [pinned.loc[SPREAD_NAMES_04[r], 'spread'] if SPREAD_NAMES_04[r] in pinned.index else np.nan for r in avg.index]
-    judged = pd.DataFrame({f'{x} > {y}': judge_beyond_spread(avg.loc[x, 'seed 0'] - avg.loc[y, 'seed 0'], avg.loc[x].filter(like='seed') - avg.loc[y].filter(like='seed'))
-                           for x, y in ORDERINGS_000}).T
-    text = [f'# {", ".join(a.names)}: paper 000\'s averages, a column per build (seed 0 = "this run" for the verdicts)', avg.round(2).to_string(), '',
-            f'mean spread of the six merged rows: {avg.loc[ROWS_000, "spread"].mean():.2f} (spread file: {avg.loc[ROWS_000, "spread file"].mean():.2f})', '',
-            judged.to_string()]
+    before = spread_rows(load_build_spread('tiny', ROOT)[0], '04_fusion_eight_tasks').reindex(avg.index)   # the adopted construction's builds
+    merged, orderings = [ROW_LABELS[r] for r in ROWS_000], [(ROW_LABELS[x], ROW_LABELS[y]) for x, y in ORDERINGS_000]
+    text = [f'# {", ".join(a.names)}: paper 000\'s averages, a column per build (seed 0 = "this run" for the verdicts)',
+            avg.join(before['spread'].rename('spread file')).round(2).to_string(), '',
+            f'mean spread of the six merged rows: {avg.loc[merged, "spread"].mean():.2f} (spread file: {before.loc[merged, "spread"].mean():.2f})', '',
+            '## orderings, this candidate', beyond_spread(avg['seed 0'], avg, orderings).round(2).to_string(), '',
+            "## orderings, the spread file's builds", beyond_spread(before['seed 0'], before, orderings).round(2).to_string()]
     print('\n'.join(text)); (OUT/f'spread_{a.names[0]}.txt').write_text('\n'.join(text) + '\n')
-
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
