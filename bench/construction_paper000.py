@@ -6,6 +6,7 @@
     python bench/construction_paper000.py measure NAME [--grid]      # → bench/construction_paper000/NAME.json and .txt
     python bench/construction_paper000.py measure pinned --models /work/main/data/tiny/models   # the pinned zoo, same bench
     python bench/construction_paper000.py compare NAME...            # the candidates side by side
+    python bench/construction_paper000.py spread NAME_s0 NAME_s1 NAME_s2   # builds of one candidate (--methods run on each): spreads, orderings
     python bench/construction_paper000.py measure NAME --methods [--rows R... --suffix S]   # paper 000's rows by the package's fuse()
     python bench/construction_paper000.py measure pinned --models data/tiny/models --methods --fuse-seed 1 --suffix _fuse1   # other test batches
     python bench/construction_paper000.py build NAME --corpus digits-near ...   # SVHN/MNIST pretraining renderings without the zoom-out
@@ -263,6 +264,22 @@ def cmd_compare(a):
     e = pd.DataFrame({n: r['per_task']['expert'] for n, r in recs.items()}); print('\nexperts per task'); print(e.round(1).to_string())
 
 
+def cmd_spread(a):
+    "Paper 000's rows over several builds of a candidate (their `measure --methods` files) beside the spread file's builds: spreads, and the orderings judged as experiment 04 judges them."
+    from fusion_nb.reproduce.reports import ROW_LABELS, beyond_spread, load_build_spread, spread_rows
+    runs = [json.loads((OUT/f'{n}_methods.json').read_text()) for n in a.names]
+    avg = pd.DataFrame({f'seed {i}': pd.Series(r['table']['Avg.']) for i, r in enumerate(runs)}).loc[['pretrained', 'finetuned', *ROWS_000]]
+    avg = avg.rename(index=ROW_LABELS).round(2)   # two decimals, as the spread file keeps them
+    avg['spread'] = avg.max(axis=1) - avg.min(axis=1)
+    before = spread_rows(load_build_spread('tiny', ROOT)[0], '04_fusion_eight_tasks').reindex(avg.index)   # the adopted construction's builds
+    merged, orderings = [ROW_LABELS[r] for r in ROWS_000], [(ROW_LABELS[x], ROW_LABELS[y]) for x, y in ORDERINGS_000]
+    text = [f'# {", ".join(a.names)}: paper 000\'s averages, a column per build (seed 0 = "this run" for the verdicts)',
+            avg.join(before['spread'].rename('spread file')).round(2).to_string(), '',
+            f'mean spread of the six merged rows: {avg.loc[merged, "spread"].mean():.2f} (spread file: {before.loc[merged, "spread"].mean():.2f})', '',
+            '## orderings, this candidate', beyond_spread(avg['seed 0'], avg, orderings).round(2).to_string(), '',
+            "## orderings, the spread file's builds", beyond_spread(before['seed 0'], before, orderings).round(2).to_string()]
+    print('\n'.join(text)); (OUT/f'spread_{a.names[0]}.txt').write_text('\n'.join(text) + '\n')
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     sub = ap.add_subparsers(dest='what', required=True)
@@ -279,13 +296,15 @@ def main(argv=None):
     m.add_argument('--fuse-seed', type=int, default=None, help="with --methods: MergeData's seed (which unlabelled test images each "
                    "test-time step draws, which labelled samples Fisher and RegMean read) and `fuse`'s, instead of the profile's: a method's own run-to-run spread on one zoo, beside the spread between builds")
     c = sub.add_parser('compare'); c.add_argument('names', nargs='+')
+    sp = sub.add_parser('spread', help='the builds NAME... of one candidate (each measured with --methods): spreads and orderings')
+    sp.add_argument('names', nargs='+')
     for p in (b, m):
         p.add_argument('--scratch', default=str(SCRATCH)); p.add_argument('--datasets', default='/work/scratch-47/datasets')
         p.add_argument('--threads', type=int, default=1); p.add_argument('--seed', type=int, default=0)
     a = ap.parse_args(argv)
-    if a.what != 'compare': torch.set_num_threads(a.threads)
+    if a.what in ('build', 'measure'): torch.set_num_threads(a.threads)
     t0 = time.time()
-    {'build': cmd_build, 'measure': cmd_measure, 'compare': cmd_compare}[a.what](a)
+    {'build': cmd_build, 'measure': cmd_measure, 'compare': cmd_compare, 'spread': cmd_spread}[a.what](a)
     print(f'\n# {a.what}: {time.time() - t0:.0f} s wall')
 
 if __name__ == '__main__':
