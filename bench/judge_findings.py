@@ -1,0 +1,84 @@
+"""Every finding of the tiny experiments judged against the build spread file, as the experiment notebooks judge them, and counted.
+
+    python bench/judge_findings.py                        # data/paper_values/build_spread_tiny.csv: seed 0 is the run judged
+    python bench/judge_findings.py --spread F --only 04 10 # another spread file; some experiments
+    python bench/judge_findings.py --outputs outputs/tiny  # also check that seed 0 of the file is this run (else say which rows differ)
+
+The spread file keeps, per build (seed), every table average and every finding's difference (or 1/0 where a finding is a
+criterion over many numbers), so the verdicts of its seed-0 build can be re-judged when builds are added, without running the
+experiments again. The judging is the package's (`fusion_nb.reproduce.reports`): `judge_beyond_spread` for orderings of table
+rows (experiments 04 and 40: "A > B") and for papers 001/003's claims (`claims_beyond_spread`: a claim's margin against the
+spread of that margin), `verdicts_across_builds` for paper 002's criteria (a verdict stands only where every build agrees).
+The findings and their directions are read from a run's `findings*.csv` (`--outputs`): what each notebook claimed, in its words.
+"""
+from __future__ import annotations
+import argparse, sys
+from pathlib import Path
+
+import pandas as pd
+
+from fusion_nb.reproduce.reports import claims_beyond_spread, judge_beyond_spread, load_build_spread, verdicts_across_builds
+
+REPO = Path(__file__).resolve().parents[1]
+ORDERINGS, CLAIMS, CRITERIA = ('04', '40'), ('10', '30', '31'), ('20', '21')
+
+def seeds(df:pd.DataFrame)->list[str]: return [c for c in df.columns if str(c).startswith('seed')]
+
+def orderings(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataFrame:
+    "Each 'A > B' of a findings table judged on the table rows A and B of the spread file (the table holding both)."
+    rows = spread.xs(experiment, level='experiment')
+    out = []
+    for finding in found['finding']:
+        a, b = finding.split(' > ', 1)
+        tables = [t for t in rows.index.get_level_values('table').unique() if {a, b} <= set(rows.xs(t, level='table').index)]
+        if not tables: out.append(dict(finding=finding, verdict='build spread not measured')); continue
+        t = rows.xs(tables[0], level='table')[seeds(spread)].astype(float)
+        d = t.loc[a] - t.loc[b]
+        out.append(dict(finding=finding, **{'difference here': d['seed 0']}, **judge_beyond_spread(d['seed 0'], d)))
+    return pd.DataFrame(out).set_index('finding')
+
+def claims(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataFrame:
+    "Papers 001/003's claims: the margin of seed 0 against the spread of that margin; a claim's direction is read from the run (its sign agrees with `holds`)."
+    name = found.columns[0]
+    holds = found['holds here' if 'holds here' in found.columns else 'holds'].astype(bool)
+    said = found['verdict over seeds'] if 'verdict over seeds' in found.columns else holds.map({True: 'holds', False: 'does not hold'})
+    f = pd.DataFrame({'difference (points)': found['difference (points)'].values, 'verdict': said.values}, index=found[name].values)
+    signs = {c: (1 if (d > 0) == h or d == 0 else -1) for c, d, h in zip(f.index, f['difference (points)'], holds)}
+    builds = spread.xs((experiment, 'findings'), level=('experiment', 'table'))
+    f['difference (points)'] = [builds.loc[c, 'seed 0'] if c in builds.index else d for c, d in zip(f.index, f['difference (points)'])]
+    return claims_beyond_spread(f, builds, signs)
+
+def criteria(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataFrame:
+    "Paper 002's criteria: 1 where a finding held in a build, 0 where not; the verdict stands where every build agrees with seed 0."
+    ids = list(found.columns[:list(found.columns).index('holds')])
+    builds = spread.xs((experiment, 'findings'), level=('experiment', 'table'))
+    f = found.set_index(ids)[['holds']]
+    label = lambda i: ' / '.join(map(str, i)) if isinstance(i, tuple) else str(i)
+    f['holds'] = [bool(builds.loc[label(i), 'seed 0']) if label(i) in builds.index else h for i, h in zip(f.index, f['holds'])]
+    return verdicts_across_builds(f, builds)
+
+def main(argv=None)->int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--outputs', type=Path, default=REPO/'outputs'/'tiny', help="a tiny run's outputs: the findings, their words and directions")
+    ap.add_argument('--spread', type=Path, default=None, help='default: data/paper_values/build_spread_tiny.csv')
+    ap.add_argument('--only', nargs='+', default=list(ORDERINGS + CLAIMS + CRITERIA))
+    a = ap.parse_args(argv)
+    if a.spread: spread = pd.read_csv(a.spread, comment='#').set_index(['experiment', 'table', 'row'])
+    else: spread = load_build_spread('tiny', REPO)[0]
+    pd.set_option('display.width', 250); pd.set_option('display.max_colwidth', 90); pd.set_option('display.max_rows', 200)
+    counts = {}
+    for exp in sorted(d.name for d in a.outputs.iterdir() if d.is_dir() and d.name[:2] in a.only):
+        files = sorted((a.outputs/exp).glob('findings*.csv'))
+        found = pd.read_csv(files[-1]) if files else None   # 40: findings_beyond_spread.csv (its orderings)
+        if found is None: continue
+        judge = orderings if exp[:2] in ORDERINGS else claims if exp[:2] in CLAIMS else criteria
+        v = judge(spread, exp, found)
+        print(f'## {exp} ({len(v)} findings, {len(seeds(spread))} builds in the file)')
+        print(v[[c for c in ['difference here', 'difference (points)', 'across builds', 'builds where it holds', 'build spread', 'verdict'] if c in v.columns]].round(2).to_string(), '\n')
+        counts[exp] = v['verdict'].str.split(' \\(').str[0].value_counts()
+    total = pd.DataFrame(counts).fillna(0).astype(int).T
+    total.loc['all'] = total.sum()
+    print(total.to_string())
+    return 0
+
+if __name__ == '__main__': sys.exit(main())
