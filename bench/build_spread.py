@@ -193,6 +193,7 @@ def main(argv=None)->int:
     recipes, runs_before = {'zoo': manifest['recipes']['zoo']}, []
     if out.exists():
         table, recipes, runs_before = merge_previous(out, table, recipes, a.only)
+        table = table.drop(columns=[c for c in seed_columns(table) if table[c].isna().all()])   # a seed column only the dropped rows (another zoo) filled
     llava = sorted((root/'data'/a.profile/'llava').glob('zoo-*/recipe.json'))
     seed0 = [p.parent.name.removeprefix('zoo-') for p in llava if 'seed' not in json.loads(p.read_text())['recipe']]
     if seed0 and any(e.startswith('40') for e in a.only): recipes['llava zoo'] = seed0[0]
