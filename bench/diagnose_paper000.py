@@ -7,6 +7,8 @@
     python bench/diagnose_paper000.py experts   # zero-shot vs chance, experts, task arithmetic normalised; task vectors by kind,
                                                 # by layer, and their cosines; beside paper 000's B/32 numbers
     python bench/diagnose_paper000.py spread    # which rows of experiment 04 move between the three builds (the saved spread file)
+    python bench/diagnose_paper000.py ties      # TIES's premises: the top 20 % of each task vector keeps its task; sign conflicts;
+                                                # TIES's steps apart (trim only, elect only) at paper 000's λ = 0.3, and a λ sweep
 
 Options: --profile (default tiny), --max-test-samples N (a seeded subset of each test split; default 0: the whole split,
 400 images per task on tiny), --threads (torch threads, default 1). Every accuracy here is computed in this run from the
@@ -272,6 +274,45 @@ def cmd_experts(B:Bench):
     print('\n   ‖τ‖ per expert (‖θ₀‖ = %.1f)' % math.sqrt(sum(float(pre[k].double().pow(2).sum()) for k in keys))); print(norms.round(2).to_string())
 
 
+# ---------------------------------------------------------------------------------------------------------------- e. TIES
+def cmd_ties(B:Bench, lams=(0.3, 0.5, 0.7, 1.0)):
+    "TIES's premises on this zoo (Yadav et al. 2023, §3: small updates are redundant, and signs conflict), and its steps apart."
+    from fusion_nb.merge import merge
+    from fusion_nb.methods.ties import ties_thresholds, ties_merging
+    names, pre = B.names, B.pre
+    thr = ties_thresholds(pre, B.experts, k=20, progress=False)   # paper 000's k: one whole-model threshold per expert
+    trim = {t: {k: B.tau[t][k] * (B.tau[t][k].abs() >= thr[t]) for k in pre} for t in names}
+    rows = {}
+    for t in names:
+        sq = lambda d: sum(float(v.double().pow(2).sum()) for v in d.values())
+        rows[t] = {'top-20 % share of ‖τ‖²': sq(trim[t]) / sq(B.tau[t]), 'expert': B.accuracy(t, B.experts[t]),
+                   'θ₀ + top-20 % τ': B.accuracy(t, {k: pre[k] + trim[t][k] for k in pre}), 'zero-shot': B.accuracy(t, pre)}
+    df = pd.DataFrame(rows).T
+    df['kept share of the gain'] = (df['θ₀ + top-20 % τ'] - df['zero-shot']) / (df['expert'] - df['zero-shot'])
+    df.loc['Avg.'] = df.mean()
+    avg = df.loc['Avg.']; df.loc['Avg.', 'kept share of the gain'] = (avg['θ₀ + top-20 % τ'] - avg['zero-shot']) / (avg['expert'] - avg['zero-shot'])
+    print('\n## e1. Redundancy: each expert with only the top 20 % of its task vector (λ = 1), against the expert')
+    print(df.round(3).to_string())
+    keys = list(pre)
+    s = torch.cat([torch.stack([trim[t][k].flatten() for t in names]) for k in keys], dim=1)   # experts × d
+    nz = (s != 0).sum(0); pos, neg = (s > 0).sum(0), (s < 0).sum(0)
+    shared = nz >= 2; mixed = shared & (pos > 0) & (neg > 0)
+    elected = torch.sign(s.sum(0)); dropped = (s * elected < 0)
+    print('\n## e2. Sign conflicts among the trimmed task vectors')
+    print(f"   entries kept by ≥ 2 experts: {float(shared.float().mean()):.3f} of all; of those with mixed signs: {float(mixed.sum() / shared.sum()):.3f}; "
+          f"trimmed mass dropped by the election: {float((s.abs() * dropped).sum() / s.abs().sum()):.3f}")
+    ties = lambda **h: {k: v for k, v in merge('ties_merging', pre, B.experts, **(ties_merging.paper_settings('000') | h), progress=False).items()}
+    merges = {'task arithmetic 0.3': B.merged(lambda t, k: 0.3),
+              'trim only (Σ top-20 % τ) 0.3': {k: pre[k] + 0.3 * sum(trim[t][k] for t in names) for k in pre},
+              'elect only (TIES, k = 100) 0.3': ties(k=100), **{f'TIES {l}': ties(scaling_factor=l) for l in lams},
+              'task arithmetic 0.2': B.merged(lambda t, k: 0.2)}
+    by_hand = {k: pre[k] + 0.3 * sum(trim[t][k] * (torch.sign(trim[t][k]) == torch.sign(sum(trim[u][k] for u in names))) for t in names) for k in pre}
+    gap = max(float((merges['TIES 0.3'][k] - by_hand[k]).abs().max()) for k in pre)   # the package's TIES against the textbook steps, here
+    print(f"\n   TIES 0.3 (package) against trim → elect → disjoint sum by hand: largest difference {gap:.2e}")
+    acc = pd.DataFrame({m: {t: B.accuracy(t, p) for t in names} for m, p in merges.items()}).T
+    acc['Avg.'] = acc.mean(axis=1)
+    print("\n## e3. TIES's steps apart at paper 000's settings (disjoint sum, k = 20), and its λ"); print(acc.round(1).to_string())
+
 # -------------------------------------------------------------------------------------------------------------- d. spread
 def cmd_spread(profile:str):
     from fusion_nb.reproduce.reports import load_build_spread, spread_rows
@@ -295,7 +336,7 @@ def cmd_spread(profile:str):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('what', choices=['wemoe', 'entropy', 'experts', 'spread'])
+    ap.add_argument('what', choices=['wemoe', 'entropy', 'experts', 'spread', 'ties'])
     ap.add_argument('--profile', default='tiny')
     ap.add_argument('--max-test-samples', type=int, default=0, help='per task; 0: the whole test split')
     ap.add_argument('--threads', type=int, default=1)
@@ -305,7 +346,7 @@ def main(argv=None):
     if args.what == 'spread': cmd_spread(args.profile)
     else:
         B = Bench(args.profile, args.max_test_samples)
-        {'wemoe': cmd_wemoe, 'entropy': cmd_entropy, 'experts': cmd_experts}[args.what](B)
+        {'wemoe': cmd_wemoe, 'entropy': cmd_entropy, 'experts': cmd_experts, 'ties': cmd_ties}[args.what](B)
     print(f'\n# {args.what}: {time.time() - t0:.0f} s wall')
 
 if __name__ == '__main__':
