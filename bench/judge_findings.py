@@ -2,14 +2,16 @@
 
     python bench/judge_findings.py                        # data/paper_values/build_spread_tiny.csv: seed 0 is the run judged
     python bench/judge_findings.py --spread F --only 04 10 # another spread file; some experiments
-    python bench/judge_findings.py --outputs outputs/tiny  # also check that seed 0 of the file is this run (else say which rows differ)
+    python bench/judge_findings.py --outputs R/spread/seed0/tiny   # the findings of another run (default: outputs/tiny)
 
 The spread file keeps, per build (seed), every table average and every finding's difference (or 1/0 where a finding is a
 criterion over many numbers), so the verdicts of its seed-0 build can be re-judged when builds are added, without running the
 experiments again. The judging is the package's (`fusion_nb.reproduce.reports`): `judge_beyond_spread` for orderings of table
 rows (experiments 04 and 40: "A > B") and for papers 001/003's claims (`claims_beyond_spread`: a claim's margin against the
 spread of that margin), `verdicts_across_builds` for paper 002's criteria (a verdict stands only where every build agrees).
-The findings and their directions are read from a run's `findings*.csv` (`--outputs`): what each notebook claimed, in its words.
+The findings and their directions are read from a run's `findings*.csv` (`--outputs`): what each notebook claimed, in its words;
+the values judged are the file's seed 0, and each experiment's line says in how many findings the run's own value is that seed 0
+(`same_as_seed0`; where it is not, the run is not the build the file measured, and its verdicts are not these).
 """
 from __future__ import annotations
 import argparse, sys
@@ -17,24 +19,27 @@ from pathlib import Path
 
 import pandas as pd
 
-from fusion_nb.reproduce.reports import claims_beyond_spread, judge_beyond_spread, load_build_spread, verdicts_across_builds
+from fusion_nb.reproduce.reports import (claims_beyond_spread, finding_label, judge_beyond_spread, load_build_spread, same_as_seed0,
+                                          verdicts_across_builds)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_spread import seed_columns
 
 REPO = Path(__file__).resolve().parents[1]
 ORDERINGS, CLAIMS, CRITERIA = ('04', '40'), ('10', '30', '31'), ('20', '21')
-
-def seeds(df:pd.DataFrame)->list[str]: return [c for c in df.columns if str(c).startswith('seed')]
 
 def orderings(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataFrame:
     "Each 'A > B' of a findings table judged on the table rows A and B of the spread file (the table holding both)."
     rows = spread.xs(experiment, level='experiment')
     out = []
-    for finding in found['finding']:
+    for finding, here in zip(found['finding'], found['difference here']):
         a, b = finding.split(' > ', 1)
         tables = [t for t in rows.index.get_level_values('table').unique() if {a, b} <= set(rows.xs(t, level='table').index)]
         if not tables: out.append(dict(finding=finding, verdict='build spread not measured')); continue
-        t = rows.xs(tables[0], level='table')[seeds(spread)].astype(float)
-        d = t.loc[a] - t.loc[b]
-        out.append(dict(finding=finding, **{'difference here': d['seed 0']}, **judge_beyond_spread(d['seed 0'], d)))
+        t = rows.xs(tables[0], level='table')[seed_columns(spread)].astype(float)
+        d = t.loc[a] - t.loc[b]   # the file keeps each row to two decimals: the run's difference agrees with seed 0's within 0.01
+        out.append(dict(finding=finding, **{'difference here': d['seed 0']}, **judge_beyond_spread(d['seed 0'], d),
+                        **{'seed 0 is this run': bool(abs(float(here) - d['seed 0']) <= 0.01 + 1e-9)}))
     return pd.DataFrame(out).set_index('finding')
 
 def claims(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataFrame:
@@ -45,17 +50,22 @@ def claims(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataFram
     f = pd.DataFrame({'difference (points)': found['difference (points)'].values, 'verdict': said.values}, index=found[name].values)
     signs = {c: (1 if (d > 0) == h or d == 0 else -1) for c, d, h in zip(f.index, f['difference (points)'], holds)}
     builds = spread.xs((experiment, 'findings'), level=('experiment', 'table'))
-    f['difference (points)'] = [builds.loc[c, 'seed 0'] if c in builds.index else d for c, d in zip(f.index, f['difference (points)'])]
-    return claims_beyond_spread(f, builds, signs)
+    run = f['difference (points)'].copy()
+    f['difference (points)'] = [builds.loc[c, 'seed 0'] if c in builds.index else d for c, d in zip(f.index, run)]
+    out = claims_beyond_spread(f, builds, signs)
+    out['seed 0 is this run'] = [c in builds.index and same_as_seed0(d, builds.loc[c, seed_columns(builds)]) for c, d in zip(f.index, run)]
+    return out
 
 def criteria(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataFrame:
     "Paper 002's criteria: 1 where a finding held in a build, 0 where not; the verdict stands where every build agrees with seed 0."
     ids = list(found.columns[:list(found.columns).index('holds')])
     builds = spread.xs((experiment, 'findings'), level=('experiment', 'table'))
     f = found.set_index(ids)[['holds']]
-    label = lambda i: ' / '.join(map(str, i)) if isinstance(i, tuple) else str(i)
-    f['holds'] = [bool(builds.loc[label(i), 'seed 0']) if label(i) in builds.index else h for i, h in zip(f.index, f['holds'])]
-    return verdicts_across_builds(f, builds)
+    run = f['holds'].astype(bool).copy()
+    f['holds'] = [bool(builds.loc[finding_label(i), 'seed 0']) if finding_label(i) in builds.index else h for i, h in zip(f.index, run)]
+    out = verdicts_across_builds(f, builds)
+    out['seed 0 is this run'] = [finding_label(i) in builds.index and bool(builds.loc[finding_label(i), 'seed 0']) == h for i, h in zip(f.index, run)]
+    return out
 
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,7 +83,8 @@ def main(argv=None)->int:
         if found is None: continue
         judge = orderings if exp[:2] in ORDERINGS else claims if exp[:2] in CLAIMS else criteria
         v = judge(spread, exp, found)
-        print(f'## {exp} ({len(v)} findings, {len(seeds(spread))} builds in the file)')
+        same = int(v['seed 0 is this run'].sum())
+        print(f'## {exp} ({len(v)} findings, {len(seed_columns(spread))} builds in the file; seed 0 is this run in {same} of {len(v)})')
         print(v[[c for c in ['difference here', 'difference (points)', 'across builds', 'builds where it holds', 'build spread', 'verdict'] if c in v.columns]].round(2).to_string(), '\n')
         counts[exp] = v['verdict'].str.split(' \\(').str[0].value_counts()
     total = pd.DataFrame(counts).fillna(0).astype(int).T
