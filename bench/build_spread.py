@@ -142,6 +142,8 @@ def main(argv=None)->int:
     ap.add_argument('--root', type=Path, default=None, help='a copy to work in (default: a fresh copy of this checkout, kept)')
     ap.add_argument('--out', type=Path, default=None, help='default: data/paper_values/build_spread_<profile>.csv here')
     ap.add_argument('--reuse', action='store_true', help="read the seeds' outputs a previous run left in the copy (--root) instead of running")
+    ap.add_argument('--keep-pinned', action='store_true', help="seed 0's values are the file's (measured on the pins' zoo, which is checked): "
+                    "only --seeds are run or read; with --reuse, adds a seed to the file without running the pinned build's experiments again")
     ap.add_argument('--papermill', action='store_true', help="run the notebooks with papermill, not `fusion-nb reproduce`: for experiments "
                     "that build their own zoo (40), the benchmark's is then not retrained for each seed")
     a = ap.parse_args(argv)
@@ -159,7 +161,8 @@ def main(argv=None)->int:
     if a.papermill and 'OMP_NUM_THREADS' not in os.environ:
         from fusion_nb.reproduce.profiles import load_profile
         threads = max(1, int(load_profile(a.profile, root/'settings.ini').cpus_per_experiment))
-    for s in [*a.seeds, 0]:   # the pinned build last: the copy is left as the checkout builds it
+    if a.keep_pinned and a.papermill: ap.error('--keep-pinned reads the `fusion-nb reproduce` runs (not --papermill)')
+    for s in [*a.seeds, *([] if a.keep_pinned else [0])]:   # the pinned build last: the copy is left as the checkout builds it
         env = env_for(root, threads); env.pop('FUSION_NB_BUILD_SEED', None)
         if s: env['FUSION_NB_BUILD_SEED'] = str(s)
         output = root/'spread'/f'seed{s}'
@@ -180,7 +183,7 @@ def main(argv=None)->int:
             if rc: print(f"seed {s}: fusion-nb reproduce failed ({rc})"); return rc
         runs[s] = averages(output/a.profile); total += wall
         print(f"seed {s}: {wall:.0f} s", flush=True)
-    if a.reuse and not a.papermill: pinned_build(root, a.profile)   # seed 0's outputs may have been read, not built
+    if (a.reuse or a.keep_pinned) and not a.papermill: pinned_build(root, a.profile)   # seed 0's outputs may have been read, or kept, not built
     manifest = json.loads((root/'data'/a.profile/'manifest.json').read_text())   # the last build: seed 0, the pinned one
     from fusion_nb.core import read_pins
     pinned = read_pins(root/'pins').get(f'{a.profile}/models', {}).get('recipe')
@@ -194,6 +197,8 @@ def main(argv=None)->int:
     if out.exists():
         table, recipes, runs_before = merge_previous(out, table, recipes, a.only)
         table = table.drop(columns=[c for c in seed_columns(table) if table[c].isna().all()])   # a seed column only the dropped rows (another zoo) filled
+    if a.keep_pinned and ('seed 0' not in table.columns or table.loc[table.experiment.isin(set(runs[a.seeds[0]].experiment)), 'seed 0'].isna().any()):
+        print("--keep-pinned: the file holds no seed 0 for some of this run's rows (another zoo, or not measured): nothing written"); return 1
     llava = sorted((root/'data'/a.profile/'llava').glob('zoo-*/recipe.json'))
     seed0 = [p.parent.name.removeprefix('zoo-') for p in llava if 'seed' not in json.loads(p.read_text())['recipe']]
     if seed0 and any(e.startswith('40') for e in a.only): recipes['llava zoo'] = seed0[0]

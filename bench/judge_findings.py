@@ -4,6 +4,8 @@
     python bench/judge_findings.py --spread F --only 04 10 # another spread file; some experiments
     python bench/judge_findings.py --outputs R/spread/seed0/tiny   # the findings of another run (default: outputs/tiny)
 
+Paper 002's criteria (20, 21) read only the file, so where `--outputs` lacks them they are named from the file's rows.
+
 The spread file keeps, per build (seed), every table average and every finding's difference (or 1/0 where a finding is a
 criterion over many numbers), so the verdicts of its seed-0 build can be re-judged when builds are added, without running the
 experiments again. The judging is the package's (`fusion_nb.reproduce.reports`): `judge_beyond_spread` for orderings of table
@@ -67,6 +69,14 @@ def criteria(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataFr
     out['seed 0 is this run'] = [finding_label(i) in builds.index and bool(builds.loc[finding_label(i), 'seed 0']) == h for i, h in zip(f.index, run)]
     return out
 
+def from_file(spread:pd.DataFrame, experiment:str)->pd.DataFrame:
+    """Paper 002's findings as the spread file names them ('finding / dataset'), for an experiment the run given lacks: a criterion's
+    verdict reads only the file (its seed 0 and the builds that agree), so `--outputs` of a run without 20 or 21 still judges them."""
+    rows = spread.xs((experiment, 'findings'), level=('experiment', 'table'))
+    parts = [str(r).split(' / ') for r in rows.index]
+    cols = ['finding', 'dataset'][:max(map(len, parts))]
+    return pd.DataFrame([dict(zip(cols, p), holds=bool(v)) for p, v in zip(parts, rows['seed 0'])])[[*cols, 'holds']]
+
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--outputs', type=Path, default=REPO/'outputs'/'tiny', help="a tiny run's outputs: the findings, their words and directions")
@@ -77,14 +87,17 @@ def main(argv=None)->int:
     else: spread = load_build_spread('tiny', REPO)[0]
     pd.set_option('display.width', 250); pd.set_option('display.max_colwidth', 90); pd.set_option('display.max_rows', 200)
     counts = {}
-    for exp in sorted(d.name for d in a.outputs.iterdir() if d.is_dir() and d.name[:2] in a.only):
+    ran = {d.name for d in a.outputs.iterdir() if d.is_dir()} if a.outputs.is_dir() else set()
+    kept = set(spread.index.get_level_values('experiment')) - ran   # criteria of an experiment the run lacks: named by the file alone
+    for exp in sorted(e for e in ran | {e for e in kept if e[:2] in CRITERIA} if e[:2] in a.only):
         files = sorted((a.outputs/exp).glob('findings*.csv'))
-        found = pd.read_csv(files[-1]) if files else None   # 40: findings_beyond_spread.csv (its orderings)
+        found = pd.read_csv(files[-1]) if files else from_file(spread, exp) if exp[:2] in CRITERIA else None   # 40: findings_beyond_spread.csv
         if found is None: continue
         judge = orderings if exp[:2] in ORDERINGS else claims if exp[:2] in CLAIMS else criteria
         v = judge(spread, exp, found)
         same = int(v['seed 0 is this run'].sum())
-        print(f'## {exp} ({len(v)} findings, {len(seed_columns(spread))} builds in the file; seed 0 is this run in {same} of {len(v)})')
+        print(f'## {exp} ({len(v)} findings, {len(seed_columns(spread))} builds in the file; '
+              + (f'seed 0 is this run in {same} of {len(v)})' if files else 'not in this run: named from the file)'))
         print(v[[c for c in ['difference here', 'difference (points)', 'across builds', 'builds where it holds', 'build spread', 'verdict'] if c in v.columns]].round(2).to_string(), '\n')
         counts[exp] = v['verdict'].str.split(' \\(').str[0].value_counts()
     total = pd.DataFrame(counts).fillna(0).astype(int).T

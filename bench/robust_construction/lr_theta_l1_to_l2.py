@@ -5,6 +5,10 @@ the front w·θ1 + (1 − w)·θ1→2.
 Measured 2026-11-24 (issue 13): nbs/experiments/20_robust_fronts.ipynb, "The run before the training attack was fixed":
 at 0.1 θ1→2 keeps ℓ2 at 60–61 % along the whole front while ℓ1 falls 32 → 23 (at the zoo's 0.5 it lost both), so it
 would not trade either; App. A.1's 0.5 was kept. Nothing is written.
+Again 2026-12-03 on the pinned zoo of issue 47's recipe (57 s, one thread, beside a zoo build): at 0.5 ℓ2 / ℓ1 55.7 / 47.0 (θ1),
+35.7 / 30.0, 42.0 / 33.3, 45.0 / 36.0, 43.0 / 30.7 (θ1→2) at w = 1, 0.75, 0.5, 0.25, 0; at 0.1 55.7 / 47.0, 58.0 / 45.0,
+58.3 / 43.7, 59.3 / 39.0, 59.3 / 34.3: now the 0.1 fine-tune trades and (check) would hold for it (notebook 20, why (check)
+fails on CIFAR-10).
 
 Usage: python bench/robust_construction/lr_theta_l1_to_l2.py   (from the project root, after the tiny zoo is built)"""
 import json, torch

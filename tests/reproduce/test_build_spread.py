@@ -79,3 +79,16 @@ def test_seeds_of_an_earlier_run_on_the_same_zoo_add_up(tmp_path):
     assert (r['seed 0'], r['seed 1'], r['seed 2'], r['min'], r['max'], r['spread']) == (10.0, 12.0, 7.0, 7.0, 12.0, 5.0)
     assert runs == ['python bench/build_spread.py --profile tiny --only 01 04 --seeds 1 (10 s)']   # the run that measured seed 1 stays named
     assert list(table.columns) == ['experiment', 'table', 'row', 'seed 0', 'seed 1', 'seed 2', 'min', 'max', 'spread']
+
+def test_a_seed_added_without_running_the_pinned_build_again(tmp_path):
+    "`--keep-pinned`: this run measured seed 2 only; seed 0 (the pins) and seed 1 stay the file's, measured on the same zoo."
+    m = _bench(); out = tmp_path/'spread.csv'
+    _spread_file(out, 'c0de', [dict(experiment='04_fusion_eight_tasks', table='table', row='r', **{'seed 0': 10.0, 'seed 1': 12.0}, min=10.0, max=12.0, spread=2.0),
+                               dict(experiment='20_robust_fronts', table='findings', row='(a) / cifar10', **{'seed 0': 1.0, 'seed 1': 0.0}, min=0.0, max=1.0, spread=1.0)],
+                 ['python bench/build_spread.py --profile tiny --only 04 20 --seeds 1 (10 s)'])
+    now = m.spread_table({2: pd.DataFrame([dict(experiment='04_fusion_eight_tasks', table='table', row='r', value=13.5)])})
+    table, _, runs = m.merge_previous(out, now, {'zoo': 'c0de'}, ['04'])
+    r = table.set_index('experiment')
+    assert (r.loc['04_fusion_eight_tasks', 'seed 0'], r.loc['04_fusion_eight_tasks', 'seed 2'], r.loc['04_fusion_eight_tasks', 'spread']) == (10.0, 13.5, 3.5)
+    assert pd.isna(r.loc['20_robust_fronts', 'seed 2']) and r.loc['20_robust_fronts', 'spread'] == 1.0   # not run for seed 2: its two builds stay
+    assert runs == ['python bench/build_spread.py --profile tiny --only 04 20 --seeds 1 (10 s)']
