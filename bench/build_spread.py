@@ -5,6 +5,9 @@
     python bench/build_spread.py --profile tiny --only 40 --seeds 1 2 --papermill   # paper 004: its LLaVA zoo reseeded, not the benchmark's
     python bench/build_spread.py --profile tiny --only 10 --seeds 1 2     # paper 001: the benchmark's zoo, the half experts, the second backbone
     python bench/build_spread.py --profile tiny --only 20 21 --seeds 1 2 --papermill   # paper 002: its robust zoo reseeded, not the benchmark's
+    python bench/build_spread.py --profile tiny --only 04 10 --seeds 2 --root R --reuse --keep-pinned   # seed 2's outputs already in R/spread/seed2
+                                                                          # (FUSION_NB_BUILD_SEED=2 fusion-nb reproduce … --output-root R/spread/seed2):
+                                                                          # seeds 0 and 1 stay the file's, nothing of the pins is rerun
 
 Two machines build different zoos from one commit (their CPU kernels round differently, and training carries that into
 the weights), so a finding on the tiny profile means something only if it holds by more than the difference between
@@ -120,7 +123,9 @@ def merge_previous(out:Path, table:pd.DataFrame, recipes:dict, only:list[str])->
     before = old[old.experiment.isin(experiments)].set_index(['experiment', 'table', 'row']) if same else pd.DataFrame()
     extra = [c for c in seed_columns(before) if c not in seeds_now and before[c].notna().any()]
     if extra:   # seeds of an earlier run on this zoo, beside this run's
-        table = with_spread(table.set_index(['experiment', 'table', 'row'])[seeds_now].join(before[extra], how='left'))
+        now = table.set_index(['experiment', 'table', 'row'])[seeds_now]
+        only_before = before.loc[before.index.difference(now.index), extra]   # a row only earlier seeds measured is kept, after this run's
+        table = with_spread(pd.concat([now.join(before[extra], how='left'), only_before]))
     table = pd.concat([keep, table], ignore_index=True)
     table = table[['experiment', 'table', 'row', *seed_columns(table), 'min', 'max', 'spread']]
     kept_zoos = {own_zoo(e) for e in keep.experiment} - {None}

@@ -92,3 +92,12 @@ def test_a_seed_added_without_running_the_pinned_build_again(tmp_path):
     assert (r.loc['04_fusion_eight_tasks', 'seed 0'], r.loc['04_fusion_eight_tasks', 'seed 2'], r.loc['04_fusion_eight_tasks', 'spread']) == (10.0, 13.5, 3.5)
     assert pd.isna(r.loc['20_robust_fronts', 'seed 2']) and r.loc['20_robust_fronts', 'spread'] == 1.0   # not run for seed 2: its two builds stay
     assert runs == ['python bench/build_spread.py --profile tiny --only 04 20 --seeds 1 (10 s)']
+
+def test_a_row_only_earlier_seeds_measured_is_kept(tmp_path):
+    m = _bench(); out = tmp_path/'spread.csv'
+    _spread_file(out, 'c0de', [dict(experiment='04_fusion_eight_tasks', table='table', row=r, **{'seed 0': 10.0, 'seed 1': 12.0}, min=10.0, max=12.0, spread=2.0)
+                               for r in ('a', 'b')], ['python bench/build_spread.py --profile tiny --only 04 --seeds 1 (10 s)'])
+    now = m.spread_table({2: pd.DataFrame([dict(experiment='04_fusion_eight_tasks', table='table', row='b', value=7.0)])})
+    table, _, _ = m.merge_previous(out, now, {'zoo': 'c0de'}, ['04'])
+    r = table.set_index('row')
+    assert list(r.index) == ['b', 'a'] and r.loc['a', 'spread'] == 2.0 and pd.isna(r.loc['a', 'seed 2']) and r.loc['b', 'spread'] == 5.0
