@@ -40,7 +40,8 @@ def averages(output:Path)->pd.DataFrame:
     (row: the table's row), or each `avg_…` column (paper 004's held-in and held-out averages; row: `<row> · <column>`,
     where a row named by several leading text columns, as Table 3's guidance and order, joins them with ', ')."""
     out = []
-    for f in sorted(output.glob('*/table*.csv')):
+    done = lambda files: [f for f in files if not f.parent.name.startswith('.')]   # '.<experiment>.<pid>.tmp': a run still writing
+    for f in done(sorted(output.glob('*/table*.csv'))):
         t = pd.read_csv(f, index_col=0)
         if 'Avg.' in t.columns:
             avg = pd.to_numeric(t['Avg.'], errors='coerce')   # a second header row ('Mer.', 'Ens.') is not a value
@@ -55,7 +56,7 @@ def averages(output:Path)->pd.DataFrame:
             for c in cols:   # '30.0 ± 0.0' (a mean with its error) is not a value: the table's `_mean` twin holds it
                 v = pd.to_numeric(pd.Series([r[c]]), errors='coerce').iloc[0]
                 if pd.notna(v): out.append(dict(experiment=f.parent.name, table=f.stem, row=f'{name} · {c}', value=float(v)))
-    for f in sorted(output.glob('*/findings*.csv')):
+    for f in done(sorted(output.glob('*/findings*.csv'))):
         t = pd.read_csv(f)
         if 'difference (points)' in t.columns:   # a paper's claims, each a difference in points (papers 001 and 003), named by the first column
             out += [dict(experiment=f.parent.name, table=f.stem, row=str(r), value=float(v)) for r, v in zip(t.iloc[:, 0], t['difference (points)'])]
