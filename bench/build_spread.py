@@ -203,7 +203,7 @@ def main(argv=None)->int:
     if out.exists():
         table, recipes, runs_before = merge_previous(out, table, recipes, a.only)
         table = table.drop(columns=[c for c in seed_columns(table) if table[c].isna().all()])   # a seed column only the dropped rows (another zoo) filled
-    if a.keep_pinned and ('seed 0' not in table.columns or table.loc[table.experiment.isin(set(runs[a.seeds[0]].experiment)), 'seed 0'].isna().any()):
+    if a.keep_pinned and ('seed 0' not in table.columns or table.loc[table.experiment.isin(set().union(*(runs[s].experiment for s in a.seeds))), 'seed 0'].isna().any()):
         print("--keep-pinned: the file holds no seed 0 for some of this run's rows (another zoo, or not measured): nothing written"); return 1
     llava = sorted((root/'data'/a.profile/'llava').glob('zoo-*/recipe.json'))
     seed0 = [p.parent.name.removeprefix('zoo-') for p in llava if 'seed' not in json.loads(p.read_text())['recipe']]
