@@ -4,6 +4,8 @@
     python bench/diagnose_uq_merge.py pool --profile micro       # smoke: each model and each merge step of Algorithm 1
     python bench/diagnose_uq_merge.py pool --profile tiny        # a.  per model and per step: uncertainty, accuracies, ρ
     python bench/diagnose_uq_merge.py loo --profile tiny         # b.  merge of all vs merge without each model
+    python bench/diagnose_uq_merge.py chained --profile tiny     # f.  the steps as the authors' code merges them: each step the previous
+                                                                 #     step's merge and the next model at equal weights (multi_stage_merging.py)
     python bench/diagnose_uq_merge.py noise --profile tiny       # b'. eq. 1's seed spread on those merges (paired)
     python bench/diagnose_uq_merge.py vectors --profile tiny     # c.  task vectors of the variants: norms, cosines
     python bench/diagnose_uq_merge.py screen --profile tiny --candidate abstain_robust   # d. a candidate pool (CANDIDATES or a JSON
@@ -276,6 +278,32 @@ def loo(args):
                 rho_loo_uncertainty_held_out=rho(loo_.uncertainty, loo_.avg_held_out))
 
 
+def chained(args):
+    """f. Algorithm 1's steps as the authors' public code runs them (UNITES-Lab/UQ-Merge f06d390, mergekit/multi_stage_merging.py:
+    the models in descending uncertainty, each step a mergekit `linear` merge of the previous step's merge and the next model,
+    weights 1 and 1, normalised: the model added at step t weighs 1/2, the one before 1/4, ..., the first two 1/2^(t-1))
+    beside the uniform mean of the first t that Algorithm 1's line 8 prints and `uq_merge` computes."""
+    from fusion_nb.llava.uq_merge import merge_llava
+    P, root, manifest, models, held_in, held_out, J = setup(args.profile, args.candidate)
+    singles = {n: measure(P, p, held_in, held_out, J, repeats=3) for n, p in models.items()}   # eq. 1: mean of 3 runs (App. A.1)
+    order = sorted(models, key=lambda n: -singles[n]['uncertainty'])   # stable on ties, as uq_merge_steps
+    tmp, rows, prev = Path(tempfile.mkdtemp(prefix='uq-chain-')), [], None
+    cols = ['uncertainty', 'avg_held_in', 'avg_held_out']
+    try:
+        for t, n in enumerate(order, 1):
+            cur = models[n] if t == 1 else merge_llava('linear', {'previous': prev, n: models[n]}, tmp/f'step{t:02d}')
+            rows.append({'step': t, 'added': n, **{k: v for k, v in measure(P, cur, held_in, held_out, J).items() if k in cols}})   # one run, as every step
+            if prev is not None and Path(prev).parent == tmp: shutil.rmtree(prev, ignore_errors=True)
+            prev = cur
+            print(rows[-1], flush=True)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    st = pd.DataFrame(rows); sel = int(st.uncertainty.idxmin()) + 1
+    return dict(zoo=root.name, J=J, order=order, models={n: {k: singles[n][k] for k in cols} for n in order}, steps=st.to_dict('records'),
+                selected_step=sel, selected_models=order[:sel], best_held_out_step=int(st.avg_held_out.idxmax()) + 1,
+                rho_steps_held_in=rho(st.uncertainty, st.avg_held_in), rho_steps_held_out=rho(st.uncertainty, st.avg_held_out),
+                steps_uncertainty_monotone_down=bool((np.diff(st.uncertainty) < 0).all()))
+
+
 def noise(args):
     "b'. Eq. 1's run-to-run spread on the all-models merge and on the merges without a harmful model, seeds 0-3 (paired)."
     from fusion_nb.llava.uq_merge import merge_llava
@@ -354,7 +382,7 @@ def vectors(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'noise', 'vectors', 'screen'])
+    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'chained', 'noise', 'vectors', 'screen'])
     ap.add_argument('--candidate', default='default', help=f'a pool of CANDIDATES ({", ".join(CANDIDATES)}) or a JSON spec (keys of CAND_DEFAULTS)')
     ap.add_argument('--profile', default='tiny')
     a = ap.parse_args(argv)
