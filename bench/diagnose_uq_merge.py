@@ -4,7 +4,7 @@
     python bench/diagnose_uq_merge.py pool --profile micro       # smoke: each model and each merge step of Algorithm 1
     python bench/diagnose_uq_merge.py pool --profile tiny        # a.  per model and per step: uncertainty, accuracies, ρ
     python bench/diagnose_uq_merge.py loo --profile tiny         # b.  merge of all vs merge without each model
-    python bench/diagnose_uq_merge.py chained --profile tiny     # f.  the steps as the authors' code merges them: each step the previous
+    python bench/diagnose_uq_merge.py chained --profile tiny [--passes 4]   # f.  the steps as the authors' code merges them: each step the previous
                                                                  #     step's merge and the next model at equal weights (multi_stage_merging.py)
     python bench/diagnose_uq_merge.py noise --profile tiny       # b'. eq. 1's seed spread on those merges (paired)
     python bench/diagnose_uq_merge.py vectors --profile tiny     # c.  task vectors of the variants: norms, cosines
@@ -196,6 +196,8 @@ def candidate_name(candidate:str)->str:
     return candidate if candidate in CANDIDATES else 'custom-' + hashlib.sha256(json.dumps(json.loads(candidate), sort_keys=True).encode()).hexdigest()[:8]
 
 
+PASSES = None   # --passes: J for every measurement of this run (default: the profile's llava_passes, else DEFAULT_J)
+
 def setup(profile:str, candidate:str='default'):
     "Profile, zoo (built or restored; a candidate pool built from it), held-in / held-out sets and J, as experiment 40 sets them up."
     from fusion_nb.reproduce.profiles import load_profile
@@ -210,7 +212,7 @@ def setup(profile:str, candidate:str='default'):
     root, manifest = candidate_zoo(P, root, manifest, recipe, candidate_name(candidate), spec)
     held_in, held_out = zoo_benchmark(int(P.extra.get('llava_n_held_in', 16)), int(P.extra.get('llava_n_held_out', 16)), seed=P.seed)
     models = {n: root/v['path'] for n, v in manifest['variants'].items()}
-    return P, root, manifest, models, held_in, held_out, int(P.extra.get('llava_passes', DEFAULT_J))
+    return P, root, manifest, models, held_in, held_out, int(PASSES or P.extra.get('llava_passes', DEFAULT_J))
 
 
 def evaluator(P, held_in, held_out):
@@ -385,13 +387,16 @@ def main(argv=None):
     ap.add_argument('what', choices=['paper', 'pool', 'loo', 'chained', 'noise', 'vectors', 'screen'])
     ap.add_argument('--candidate', default='default', help=f'a pool of CANDIDATES ({", ".join(CANDIDATES)}) or a JSON spec (keys of CAND_DEFAULTS)')
     ap.add_argument('--profile', default='tiny')
+    ap.add_argument('--passes', type=int, default=None, help="J of eq. 1 (default: the profile's llava_passes, else DEFAULT_J; the authors' code: 4)")
     a = ap.parse_args(argv)
+    global PASSES; PASSES = a.passes
     t0 = time.perf_counter()
     out = globals()[a.what](a)
     out['seconds'] = round(time.perf_counter() - t0, 1)
     d = REPO/'outputs'/'diagnose_uq_merge'/a.profile; d.mkdir(parents=True, exist_ok=True)
     out['candidate'] = a.candidate
-    (d/(f'{a.what}.json' if a.candidate == 'default' else f'{a.what}-{candidate_name(a.candidate)}.json')).write_text(json.dumps(out, indent=2, default=str))
+    stem = a.what + ('' if a.candidate == 'default' else f'-{candidate_name(a.candidate)}') + (f'-J{a.passes}' if a.passes else '')
+    (d/f'{stem}.json').write_text(json.dumps(out, indent=2, default=str))
     print(json.dumps(out, indent=1, default=str)[:6000])
 
 

@@ -150,7 +150,7 @@ def option_messages(item:OptionItem, # the question
     return msgs + [{'role': 'user', 'content': [{'type': 'image'}, {'type': 'text', 'text': option_prompt(item)}]}]
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #6674e4ff
-ATTENTION_DROPOUT = 0.1  # not stated in paper 004; the usual transformer dropout rate
+ATTENTION_DROPOUT = 0.1  # not stated in paper 004; the authors' code loads the LLaVA with attention_dropout=0.1 (models_utils/utils.py)
 
 def attention_layers(model:torch.nn.Module)->list[torch.nn.Module]:
     "The language model's attention layers (modules with an `attention_dropout` rate)."
@@ -206,7 +206,7 @@ def letter_probs(model, processor, # a LLaVA and its processor
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #f86ecd31
 PERTURBATIONS = ('image', 'text', 'model')  # §3.3; Table 5 compares ('image', 'text') with all three
-DEFAULT_J = 5  # not stated in paper 004
+DEFAULT_J = 4  # not stated in paper 004; the authors' code runs 4 passes (UNITES-Lab/UQ-Merge, VLM-Uncertainty-Bench/main.py)
 
 def check_perturbations(perturbations:Iterable[str], J:int)->tuple[str, ...]:
     "Validate the perturbation names and the number of passes `J`."
