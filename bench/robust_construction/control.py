@@ -3,7 +3,9 @@ read from the manifest), fine-tune a control θp→p (the fine-tune recipe, agai
 θp→q under the three attacks (APGD 20 steps) on 300 test images, and θp's robust accuracy on 300 of its training images.
 Measured (2026-11-24, issue 13) with `cifar10` and `imagenet` on the 80-epoch zoo: nbs/experiments/20_robust_fronts.ipynb,
 "80 epochs (the profile since 2026-11-24)": a θp→p control moves θp by at most 3 points (CIFAR-10 θ∞ 49.0 → 49.7 ℓ∞,
-θ2 65.7 → 68.3 ℓ2, θ1 32.0 → 32.3 ℓ1; ImageNet θ∞ 80.0 → 78.3 ℓ∞). Nothing is written.
+θ2 65.7 → 68.3 ℓ2, θ1 32.0 → 32.3 ℓ1; ImageNet θ∞ 80.0 → 78.3 ℓ∞). On the ×8 ImageNet zoo (2026-12-03, issue 48; run in a
+copy holding the zoo: the pins, and seed 2's build): θ∞ 57.0 → 48.3 ℓ∞ (pins), 51.7 → 56.7 (seed 2, 50.3 on its own
+training images): the recipe alone moves it by more than (check)'s margin, one way or the other (notebook 20). Nothing is written.
 
 Usage: python bench/robust_construction/control.py [cifar10|imagenet]   (from the project root, after the tiny zoo is built)"""
 import json, sys, torch
