@@ -21,10 +21,9 @@ import argparse, json, os, sys, time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO)); sys.path.insert(0, str(REPO/'bench'))
 
 from fusion_nb.evaluation import cached_zeroshot_head
 from fusion_nb.masking.cam import ZeroShotLogits
@@ -34,15 +33,12 @@ from fusion_nb.methods.interpolation import wise_ft
 from fusion_nb.pools import ModelPool, Task, TaskPool
 from fusion_nb.reproduce.profiles import load_profile, prepare
 from fusion_nb.tiny.finetune import pixel_values
+from diagnose_masking_drift import OOD, features   # the same five shifts, and unit-norm projected embeddings of natural images
 
-OOD = ['imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a']
 
-
-@torch.no_grad()
-def probabilities(encoder, zs, x, batch=256)->torch.Tensor:
+def probabilities(encoder, zs, x)->torch.Tensor:
     "Class probabilities of the zero-shot head on `encoder`'s features (the head experiment 31 scores every row with)."
-    return torch.cat([(zs.scale * F.normalize(zs.features(encoder(pixel_values=x[i:i + batch]).pooler_output), dim=-1) @ zs.head.T).softmax(-1)
-                      for i in range(0, len(x), batch)])
+    return (zs.scale * features(encoder, zs, x) @ zs.head.T).softmax(-1)
 
 
 def agreement(p_zs, p_ft, p_wise, y)->dict:
