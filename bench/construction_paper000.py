@@ -7,6 +7,7 @@
     python bench/construction_paper000.py measure pinned --models /work/main/data/tiny/models   # the pinned zoo, same bench
     python bench/construction_paper000.py compare NAME...            # the candidates side by side
     python bench/construction_paper000.py spread NAME_s0 NAME_s1 NAME_s2   # builds of one candidate (--methods run on each): spreads, orderings
+    python bench/construction_paper000.py spread NAME_s0 NAME_s1 NAME_s2 --extra _extra   # with the rows of `--methods --rows … --suffix _extra`: experiment 04's ten
     python bench/construction_paper000.py measure NAME --methods [--rows R... --suffix S]   # paper 000's rows by the package's fuse()
     python bench/construction_paper000.py measure pinned --models data/tiny/models --methods --fuse-seed 1 --suffix _fuse1   # other test batches
     python bench/construction_paper000.py build NAME --corpus digits-near ...   # SVHN/MNIST pretraining renderings without the zoom-out
@@ -264,21 +265,34 @@ def cmd_compare(a):
     e = pd.DataFrame({n: r['per_task']['expert'] for n, r in recs.items()}); print('\nexperts per task'); print(e.round(1).to_string())
 
 
+FINDINGS_04 = [('task_arithmetic', 'simple_average'), ('ties_merging', 'task_arithmetic'), ('fisher_merging', 'task_arithmetic'),
+               ('regmean', 'task_arithmetic'), ('concrete_task_arithmetic', 'task_arithmetic'), ('layer_wise_adamerging', 'task_wise_adamerging'),
+               ('layer_wise_adamerging', 'task_arithmetic'), ('concrete_layer_wise_adamerging', 'layer_wise_adamerging'),
+               ('weight_ensembling_moe', 'concrete_layer_wise_adamerging')]   # experiment 04's nine orderings (its FINDINGS)
+ROWS_04 = [*ROWS_000[:3], 'fisher_merging', 'regmean', 'concrete_task_arithmetic', *ROWS_000[3:5], 'concrete_layer_wise_adamerging', ROWS_000[5]]
+
 def cmd_spread(a):
-    "Paper 000's rows over several builds of a candidate (their `measure --methods` files) beside the spread file's builds: spreads, and the orderings judged as experiment 04 judges them."
+    """Paper 000's rows over several builds of a candidate (their `measure --methods` files) beside the spread file's builds: spreads, and the
+    orderings judged as experiment 04 judges them. `--extra S` adds each build's `--methods --rows … --suffix S` file: experiment 04's ten
+    merged rows and nine orderings."""
     from fusion_nb.reproduce.reports import ROW_LABELS, beyond_spread, load_build_spread, spread_rows
-    runs = [json.loads((OUT/f'{n}_methods.json').read_text()) for n in a.names]
-    avg = pd.DataFrame({f'seed {i}': pd.Series(r['table']['Avg.']) for i, r in enumerate(runs)}).loc[['pretrained', 'finetuned', *ROWS_000]]
+    def table(n):
+        t = pd.Series(json.loads((OUT/f'{n}_methods.json').read_text())['table']['Avg.'])
+        if not a.extra: return t
+        x = pd.Series(json.loads((OUT/f'{n}_methods{a.extra}.json').read_text())['table']['Avg.'])
+        return pd.concat([t, x[~x.index.isin(t.index)]])
+    rows, pairs = (ROWS_04, FINDINGS_04) if a.extra else (ROWS_000, ORDERINGS_000)
+    avg = pd.DataFrame({f'seed {i}': table(n) for i, n in enumerate(a.names)}).loc[['pretrained', 'finetuned', *rows]]
     avg = avg.rename(index=ROW_LABELS).round(2)   # two decimals, as the spread file keeps them
     avg['spread'] = avg.max(axis=1) - avg.min(axis=1)
     before = spread_rows(load_build_spread('tiny', ROOT)[0], '04_fusion_eight_tasks').reindex(avg.index)   # the adopted construction's builds
-    merged, orderings = [ROW_LABELS[r] for r in ROWS_000], [(ROW_LABELS[x], ROW_LABELS[y]) for x, y in ORDERINGS_000]
+    merged, orderings = [ROW_LABELS[r] for r in rows], [(ROW_LABELS[x], ROW_LABELS[y]) for x, y in pairs]
     text = [f'# {", ".join(a.names)}: paper 000\'s averages, a column per build (seed 0 = "this run" for the verdicts)',
             avg.join(before['spread'].rename('spread file')).round(2).to_string(), '',
-            f'mean spread of the six merged rows: {avg.loc[merged, "spread"].mean():.2f} (spread file: {before.loc[merged, "spread"].mean():.2f})', '',
+            f'mean spread of the {len(merged)} merged rows: {avg.loc[merged, "spread"].mean():.2f} (spread file: {before.loc[merged, "spread"].mean():.2f})', '',
             '## orderings, this candidate', beyond_spread(avg['seed 0'], avg, orderings).round(2).to_string(), '',
             "## orderings, the spread file's builds", beyond_spread(before['seed 0'], before, orderings).round(2).to_string()]
-    print('\n'.join(text)); (OUT/f'spread_{a.names[0]}.txt').write_text('\n'.join(text) + '\n')
+    print('\n'.join(text)); (OUT/f'spread_{a.names[0]}{a.extra}.txt').write_text('\n'.join(text) + '\n')
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
@@ -298,6 +312,7 @@ def main(argv=None):
     c = sub.add_parser('compare'); c.add_argument('names', nargs='+')
     sp = sub.add_parser('spread', help='the builds NAME... of one candidate (each measured with --methods): spreads and orderings')
     sp.add_argument('names', nargs='+')
+    sp.add_argument('--extra', default='', help="a suffix: each build's rows measured by `--methods --rows … --suffix SUFFIX` join it (experiment 04's ten rows, nine orderings)")
     for p in (b, m):
         p.add_argument('--scratch', default=str(SCRATCH)); p.add_argument('--datasets', default='/work/scratch-47/datasets')
         p.add_argument('--threads', type=int, default=1); p.add_argument('--seed', type=int, default=0)
