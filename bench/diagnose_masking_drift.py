@@ -2,6 +2,7 @@
 
     python bench/diagnose_masking_drift.py --profile micro                       # smoke (seconds)
     python bench/diagnose_masking_drift.py --profile tiny --runs outputs/tiny/30_masked_images
+    python bench/diagnose_masking_drift.py --profile tiny --reference ood --tag _ood   # distances to the OOD test images instead
     FUSION_NB_ROOT=<copy> FUSION_NB_BUILD_SEED=2 python bench/diagnose_masking_drift.py --profile tiny --runs <copy>/spread/seed2/tiny/30_masked_images --tag _seed2
 
 Finding 4 of experiment 30 is the project's own explanation of an earlier tiny result (multi-fill below no-fill): eq. 2
@@ -70,6 +71,8 @@ def main(argv=None):
     ap.add_argument('--profile', default='tiny')
     ap.add_argument('--runs', default=None, help="experiment 30's output folder (default outputs/<profile>/30_masked_images)")
     ap.add_argument('--tag', default='', help='suffix of the output file (e.g. _seed2 for another build)')
+    ap.add_argument('--reference', choices=['train', 'ood'], default='train',
+                    help="the natural images distances are taken to: the other training images, or the five OOD test sets (where drift is measured)")
     ap.add_argument('--images', type=int, default=512, help="training images whose counterfactuals are measured (experiment 30's why_images)")
     a = ap.parse_args(argv)
     t0, c0 = time.time(), time.process_time()
@@ -87,7 +90,11 @@ def main(argv=None):
     enc = clip.vision_model.to(P.device).eval()
     n = min(a.images, len(train) // 2)   # the other half is the reference: natural images no counterfactual is built from
     x, y = pixel_values(proc, train.select(range(n))['image']).to(P.device), torch.tensor(train['label'][:n], device=P.device)
-    reference = features(enc, zs, pixel_values(proc, train.select(range(n, len(train)))['image']).to(P.device))
+    if a.reference == 'train': ref_images = train.select(range(n, len(train)))['image']
+    else:   # the OOD test images experiment 30 measures the drift on
+        pool = TaskPool([Task(t, P.datasets[t], split=P.test_split) for t in OOD])
+        ref_images = [im for t in OOD for im in pool[t].load(P.test_split, max_samples=P.max_test_samples, seed=P.seed)['image']]
+    reference = features(enc, zs, pixel_values(proc, ref_images).to(P.device))
     fx = features(enc, zs, x)
     natural = {'own_distance': 0., 'nearest_natural_distance': 100 * float((1 - (fx @ reference.T).max(-1).values).mean()), 'masked_share': 0.,
                'teacher_names_label': 100 * float(((zs.scale * fx @ zs.head.T).argmax(-1) == y).float().mean())}
@@ -104,7 +111,7 @@ def main(argv=None):
     rho = {c: stats.spearmanr(df[c], df.drift_ood).statistic for c in PROPS}
     rho_mean = {c: stats.spearmanr(mean[c], mean.drift_ood).statistic for c in rho}
     print(mean.round(3).to_string()); print('Spearman rho with drift OOD over runs:', rho, '\nover strategies:', rho_mean)
-    out = {'profile': P.name, 'runs': str(runs_dir), 'images': n, 'reference_images': len(reference), 'per_run': rows,
+    out = {'profile': P.name, 'runs': str(runs_dir), 'images': n, 'reference': a.reference, 'reference_images': len(reference), 'per_run': rows,
            'per_strategy': mean.round(4).to_dict(orient='index'), 'spearman_over_runs': rho, 'spearman_over_strategies': rho_mean,
            'seconds': {'wall': round(time.time() - t0), 'cpu': round(time.process_time() - c0)}}
     dest = REPO/'bench'/'diagnose_masking'/f'drift_{P.name}{a.tag}.json'; dest.parent.mkdir(exist_ok=True)
