@@ -265,11 +265,9 @@ def cmd_compare(a):
     e = pd.DataFrame({n: r['per_task']['expert'] for n, r in recs.items()}); print('\nexperts per task'); print(e.round(1).to_string())
 
 
-FINDINGS_04 = [('task_arithmetic', 'simple_average'), ('ties_merging', 'task_arithmetic'), ('fisher_merging', 'task_arithmetic'),
-               ('regmean', 'task_arithmetic'), ('concrete_task_arithmetic', 'task_arithmetic'), ('layer_wise_adamerging', 'task_wise_adamerging'),
-               ('layer_wise_adamerging', 'task_arithmetic'), ('concrete_layer_wise_adamerging', 'layer_wise_adamerging'),
-               ('weight_ensembling_moe', 'concrete_layer_wise_adamerging')]   # experiment 04's nine orderings (its FINDINGS)
-ROWS_04 = [*ROWS_000[:3], 'fisher_merging', 'regmean', 'concrete_task_arithmetic', *ROWS_000[3:5], 'concrete_layer_wise_adamerging', ROWS_000[5]]
+from fusion_nb.reproduce.rows import PAPER000_ORDERINGS as FINDINGS_04   # experiment 04's nine orderings
+ROWS_04 = ['simple_average', 'task_arithmetic', 'ties_merging', 'fisher_merging', 'regmean', 'concrete_task_arithmetic', 'task_wise_adamerging',
+           'layer_wise_adamerging', 'concrete_layer_wise_adamerging', 'weight_ensembling_moe']   # experiment 04's ten merged rows
 
 def cmd_spread(a):
     """Paper 000's rows over several builds of a candidate (their `measure --methods` files) beside the spread file's builds: spreads, and the

@@ -16,7 +16,8 @@ from ..methods.data import MergeData, profile_settings
 
 
 # %% auto #0
-__all__ = ['FUSION_SETTINGS', 'budget_defaults', 'fusion_settings', 'paper_rows', 'row_hypers', 'fuse', 'learning_curves']
+__all__ = ['FUSION_SETTINGS', 'PAPER000_ORDERINGS', 'budget_defaults', 'fusion_settings', 'paper_rows', 'row_hypers', 'fuse',
+           'learning_curves']
 
 # %% ../../nbs/reproduce/96_rows.ipynb #d17736b2
 def budget_defaults(paper:str='000')->dict[str, Any]:
@@ -92,6 +93,13 @@ def fuse(name:str, # a declared method name (or alias)
     t0 = time.time()
     out = m(pretrained, experts, progress=progress, **({'data': data} if learns else {}), **hp)
     return out, time.time() - t0
+
+# %% ../../nbs/reproduce/96_rows.ipynb #4f95b7eb
+PAPER000_ORDERINGS = [('task_arithmetic', 'simple_average'), ('ties_merging', 'task_arithmetic'), ('fisher_merging', 'task_arithmetic'),
+                      ('regmean', 'task_arithmetic'), ('concrete_task_arithmetic', 'task_arithmetic'),
+                      ('layer_wise_adamerging', 'task_wise_adamerging'), ('layer_wise_adamerging', 'task_arithmetic'),
+                      ('concrete_layer_wise_adamerging', 'layer_wise_adamerging'),
+                      ('weight_ensembling_moe', 'concrete_layer_wise_adamerging')]   # (a, b): a above b at B/32
 
 # %% ../../nbs/reproduce/96_rows.ipynb #ce7077b8
 def learning_curves(results:Mapping[str, Any], # label → what `fuse` returned
