@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from fusion_nb.evaluation import cached_zeroshot_head
 from fusion_nb.masking.cam import ZeroShotLogits, class_cam
-from fusion_nb.masking.counterfactual_ft import CounterfactualFT, finetune_budget
+from fusion_nb.masking.counterfactual_ft import CounterfactualFT, evaluation_splits, finetune_budget
 from fusion_nb.masking.imagenet_data import id_text
 from fusion_nb.masking.masks import counterfactual_features, counterfactuals
 from fusion_nb.pools import ModelPool, Task, TaskPool
@@ -92,8 +92,8 @@ def main(argv=None):
     x, y = pixel_values(proc, train.select(range(n))['image']).to(P.device), torch.tensor(train['label'][:n], device=P.device)
     if a.reference == 'train': ref_images = train.select(range(n, len(train)))['image']
     else:   # the OOD test images experiment 30 measures the drift on
-        pool = TaskPool([Task(t, P.datasets[t], split=P.test_split) for t in OOD])
-        ref_images = [im for t in OOD for im in pool[t].load(P.test_split, max_samples=P.max_test_samples, seed=P.seed)['image']]
+        pool, splits = TaskPool([Task(t, P.datasets[t], split=P.test_split) for t in OOD]), evaluation_splits(OOD, P.test_split, P.extra.get('test_splits'))
+        ref_images = [im for t in OOD for im in pool[t].load(splits[t], max_samples=P.max_test_samples, seed=P.seed)['image']]
     reference = features(enc, zs, pixel_values(proc, ref_images).to(P.device))
     fx = features(enc, zs, x)
     natural = {'own_distance': 0., 'nearest_natural_distance': 100 * float((1 - (fx @ reference.T).max(-1).values).mean()), 'masked_share': 0.,
