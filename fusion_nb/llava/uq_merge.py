@@ -23,12 +23,14 @@ from .uncertainty import (ATTENTION_DROPOUT, DEFAULT_J, PERTURBATIONS, OptionIte
                                          answer_accuracy, as_held_in, held_in_uncertainty, model_uncertainty)
 
 # %% auto #0
-__all__ = ['ORDERS', 'GUIDANCES', 'uq_merge_steps', 'vision_tower_differences', 'merge_llava', 'UQMergeResult', 'question_key',
-           'uq_merge', 'draw_selections', 'random_selections']
+__all__ = ['ORDERS', 'GUIDANCES', 'COMBINES', 'CHOICES', 'uq_merge_steps', 'vision_tower_differences', 'merge_llava',
+           'UQMergeResult', 'question_key', 'set_accuracy', 'uq_merge', 'draw_selections', 'random_selections']
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #4fdb2260
 ORDERS = ('descending', 'ascending')  # Algorithm 1 line 4 sorts by descending uncertainty
 GUIDANCES = ('uncertainty', 'accuracy')  # what the models are sorted by: Algorithm 1's, or Table 3's alternative
+COMBINES = ('mean', 'chained')  # step t merges the first t models (line 8), or the step before's merge with the t-th (the authors' code)
+CHOICES = ('lowest_uncertainty', 'highest_validation')  # the step kept: line 10's, or the one paper 004's Table 4 reports
 
 def _as_metrics(r)->dict:
     "An uncertainty function's result as a dict with an 'uncertainty' entry (floats and UQReport-like objects accepted)."
@@ -39,30 +41,36 @@ def _as_metrics(r)->dict:
 # %% ../../nbs/llava/62_uq_merge.ipynb #90302459
 def uq_merge_steps(models:Mapping[str, Any], # name → model (anything `uncertainty` and `merge_fn` accept)
                    uncertainty:Callable[[Any], float|Mapping], # UQ̄(model): a float, or a dict/report with 'uncertainty' and other metrics to record
-                   merge_fn:Callable[[list[str]], Any], # names in merge order → merged model
+                   merge_fn:Callable[..., Any], # names in merge order → merged model; chained: also `previous=`, the step before's merge
                    *,
                    order:str='descending', # sort by descending (Algorithm 1) or ascending uncertainty
-                   sort_by:str='uncertainty', # the models' metric to sort by (Table 3 also sorts by held-in 'accuracy'); the merge kept is always the lowest-uncertainty one
-                   discard:Callable[[Any], None]|None=None, # called on each merged model that is not (or no longer) the best
+                   sort_by:str='uncertainty', # the models' metric to sort by (Table 3 also sorts by held-in 'accuracy')
+                   combine:str='mean', # 'mean': Merge(M'₁…M'ₜ) (line 8); 'chained': Merge(step t−1's merge, M'ₜ) (the authors' multi_stage_merging.py)
+                   choose:str='lowest_uncertainty', # the step kept: line 10's argmin, or 'highest_validation' (the metric 'validation_accuracy')
+                   discard:Callable[[Any], None]|None=None, # called on each merged model once it is neither the best nor needed by the next step
                   )->tuple[Any, pd.DataFrame, pd.DataFrame]:
-    "Algorithm 1: (the lowest-uncertainty merge, the models' metrics in merge order, each step's metrics)."
-    if order not in ORDERS: raise HyperparameterError(f"order={order!r}: expected one of {', '.join(ORDERS)}")
+    "Algorithm 1: (the merge kept, the models' metrics in merge order, each step's metrics)."
+    for arg, v, ok in [('order', order, ORDERS), ('combine', combine, COMBINES), ('choose', choose, CHOICES)]:
+        if v not in ok: raise HyperparameterError(f"{arg}={v!r}: expected one of {', '.join(ok)}")
     if not models: raise HyperparameterError("UQ-Merge needs at least one model")
     singles = pd.DataFrame([{'model': n, **_as_metrics(uncertainty(m))} for n, m in models.items()])
     if sort_by not in singles: raise HyperparameterError(f"sort_by={sort_by!r}: the models' metrics are {', '.join(singles.columns[1:])}")
     singles = singles.sort_values(sort_by, ascending=order == 'ascending', kind='stable').reset_index(drop=True)
-    names, best, best_u, steps = list(singles.model), None, float('inf'), []
+    key, sign = ('uncertainty', 1) if choose == 'lowest_uncertainty' else ('validation_accuracy', -1)
+    names, live, best_t, steps = list(singles.model), {}, None, []
     for t in range(1, len(names) + 1):
-        merged = merge_fn(names[:t])
-        metrics = _as_metrics(uncertainty(merged))
+        live[t] = merge_fn(names[:t]) if combine == 'mean' or t == 1 else merge_fn(names[:t], previous=live[t - 1])
+        metrics = _as_metrics(uncertainty(live[t]))
+        if key not in metrics: raise HyperparameterError(f"choose={choose!r} needs the metric {key!r} for every step: give labelled validation sets")
         steps.append({'step': t, 'added': names[t - 1], 'models': names[:t], **metrics})
-        if metrics['uncertainty'] < best_u:
-            if best is not None and discard: discard(best)
-            best, best_u = merged, metrics['uncertainty']
-        elif discard: discard(merged)
+        if best_t is None or sign * metrics[key] < sign * steps[best_t - 1][key]: best_t = t   # strict: ties keep the earlier step
+        needed = {best_t} | ({t} if combine == 'chained' and t < len(names) else set())
+        for s in [s for s in live if s not in needed]:
+            gone = live.pop(s)
+            if discard: discard(gone)
     steps = pd.DataFrame(steps)
-    steps['selected'] = steps.step == int(steps.loc[steps.uncertainty.idxmin(), 'step'])
-    return best, singles, steps
+    steps['selected'] = steps.step == best_t
+    return live[best_t], singles, steps
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #84ab3e90
 def vision_tower_differences(reference:str|Path, # LLaVA directory / hub id whose tower is kept
@@ -157,14 +165,23 @@ class UQMergeResult:
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #10e05191
 def question_key(sets:Mapping[str, Sequence[OptionItem]])->str:
-    "A digest of question sets — names, questions, options, answers and image pixels — to key measurements by the set."
+    "A digest of question sets — names, questions, options or accepted answers, answers and image pixels — to key measurements by the set."
     h = hashlib.sha256()
     for name, items in sets.items():
         h.update(f'\x00set {name} {len(items)}'.encode())
         for it in items:
-            h.update(json.dumps([it.question, list(it.options), it.answer]).encode())
+            fields = [it.question, list(it.options), it.answer] if hasattr(it, 'options') else [it.question, list(it.answers), it.instruction]
+            h.update(json.dumps(fields).encode())   # option questions, or short-answer ones (validation sets)
             h.update(f'{it.image.mode} {it.image.size}'.encode()); h.update(it.image.tobytes())
     return h.hexdigest()[:16]
+
+# %% ../../nbs/llava/62_uq_merge.ipynb #0bb1e2d9
+def set_accuracy(model, processor, items:Sequence)->float:
+    "Accuracy on one labelled set: the clean answer letter of option questions, exact match of short answers (a validation set may be either)."
+    from fusion_nb.llava.short_answers import ShortAnswerItem, exact_match
+    kinds = {isinstance(it, ShortAnswerItem) for it in items}
+    if len(kinds) > 1: raise HyperparameterError("a labelled set mixes option and short-answer questions: split it into two sets")
+    return exact_match(model, processor, items) if kinds == {True} else answer_accuracy(model, processor, items)
 
 # %% ../../nbs/llava/62_uq_merge.ipynb #8f9b8106
 _MARKER = 'fusion_nb_merge.json'  # merge_llava writes it into every merged directory
@@ -192,43 +209,53 @@ def uq_merge(models:Mapping[str, str|Path], # name → LLaVA directory / hub id
              order:str='descending', # Algorithm 1 line 4
              sort_by:str='uncertainty', # Table 3: 'accuracy' sorts by held-in accuracy instead
              heldout:Mapping[str, Sequence[OptionItem]]|None=None, # name → labelled questions never used for selection: accuracy recorded per step
+             combine:str='mean', # 'mean': step t merges the first t models (line 8); 'chained': the step before's merge and the t-th (the authors' code)
+             choose:str='lowest_uncertainty', # the step kept: line 10's, or 'highest_validation' (the step paper 004's Table 4 reports; needs `validation`)
+             validation:Mapping[str, Sequence]|None=None, # name → labelled option or short-answer questions: 'validation_accuracy', their mean, per model and step
              evaluate:Callable[[Any, Any], Mapping]|None=None, # (model, processor) → more metrics to record per model and step (never used for selection)
              memo:dict|None=None, # shared between calls: metrics of a source already measured on the same questions with the same UQ settings are reused
              device:str|None='cpu',
             )->UQMergeResult:
-    "Algorithm 1 on LLaVA models: the lowest-uncertainty incremental merge, with every step's uncertainty and accuracy."
+    "Algorithm 1 on LLaVA models: the lowest-uncertainty incremental merge (or the authors' variants), with every step's uncertainty and accuracy."
     check_perturbations(perturbations, J); MERGE_METHODS[method]
     if not len(items): raise HyperparameterError("uq_merge needs held-in items to quantify uncertainty")
     sets = as_held_in(items)
     if sort_by not in GUIDANCES: raise HyperparameterError(f"sort_by={sort_by!r}: expected one of {', '.join(GUIDANCES)}")
     if order not in ORDERS: raise HyperparameterError(f"order={order!r}: expected one of {', '.join(ORDERS)}")
+    if choose == 'highest_validation' and not validation: raise HyperparameterError("choose='highest_validation' needs labelled validation sets (validation=)")
     if not isinstance(repeats, int) or repeats < 1: raise HyperparameterError(f"repeats={repeats!r} is out of range: an integer ≥ 1")
     check_same_llava(({'pretrained': pretrained} if pretrained is not None else {}) | dict(models))
     out_dir = Path(out_dir); final = out_dir/'merged'
     _check_merged_dir(final)  # before any work: a folder of someone else's is refused, not deleted
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out_dir, prefix='.steps-'))
-    qkey = question_key(sets | {f'heldout:{n}': its for n, its in (heldout or {}).items()})
+    qkey = question_key(sets | {f'heldout:{n}': its for n, its in (heldout or {}).items()} | {f'validation:{n}': its for n, its in (validation or {}).items()})
     def measure(source, runs):
         model, proc = load_llava(source, device=device)
         r = held_in_uncertainty(model, proc, sets, J=J, perturbations=perturbations, dropout=dropout, seed=seed, repeats=runs)
+        val = {f'validation:{n}': set_accuracy(model, proc, its) for n, its in (validation or {}).items()}
         return {**r, **{f'{n}_accuracy': answer_accuracy(model, proc, its) for n, its in (heldout or {}).items()},
-                **(dict(evaluate(model, proc)) if evaluate else {})}
+                **val, **({'validation_accuracy': sum(val.values()) / len(val)} if val else {}), **(dict(evaluate(model, proc)) if evaluate else {})}
     def uncertainty(source):
         if Path(source).parent == work: return measure(source, 1)  # merged steps: fresh directories every call, one run
         if memo is None: return measure(source, repeats)
         key = (str(source), J, tuple(perturbations), dropout, seed, repeats, qkey)
         if key not in memo: memo[key] = measure(source, repeats)
         return memo[key]
-    def merge_fn(names): return merge_llava(method, {n: models[n] for n in names}, work/f'step{len(names):03d}', pretrained=pretrained, **(hparams or {}))
+    def merge_fn(names, previous=None):   # chained: the step before's merge (under a name no model has) and the newest model
+        prev = f'merge of steps 1–{len(names) - 1}'
+        while prev in models: prev += "'"
+        pool = {n: models[n] for n in names} if previous is None else {prev: previous, names[-1]: models[names[-1]]}
+        return merge_llava(method, pool, work/f'step{len(names):03d}', pretrained=pretrained, **(hparams or {}))
     try:
-        best, singles, steps = uq_merge_steps(models, uncertainty, merge_fn, order=order, sort_by=sort_by, discard=lambda d: shutil.rmtree(d, ignore_errors=True))
+        best, singles, steps = uq_merge_steps(models, uncertainty, merge_fn, order=order, sort_by=sort_by, combine=combine, choose=choose, discard=lambda d: shutil.rmtree(d, ignore_errors=True))
         _check_merged_dir(final, {p.name for p in best.iterdir()})
         if final.exists(): shutil.rmtree(final)  # a previous merge of ours, checked file by file just above
         best.rename(final)
     finally: shutil.rmtree(work, ignore_errors=True)
     report = dict(method=method, hparams=dict(hparams or {}), J=J, perturbations=list(perturbations), dropout=dropout, seed=seed,
                   repeats=repeats, held_in={n: len(its) for n, its in sets.items()}, questions=qkey,
+                  validation={n: len(its) for n, its in (validation or {}).items()}, combine=combine, choose=choose,
                   order=order, sort_by=sort_by, models=singles.to_dict('records'), steps=steps.to_dict('records'))
     atomic_write_text(out_dir/'uq_merge.json', json.dumps(report, indent=2, default=str))
     return UQMergeResult(final, singles, steps)
