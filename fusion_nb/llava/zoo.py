@@ -21,10 +21,10 @@ from .short_answers import (SHORT_QUESTION, ShortAnswerItem, short_answer_items,
                                            yes_no_items, SHORT_ANSWER_PROMPT)
 
 # %% auto #0
-__all__ = ['CAPTION_PROMPT', 'HELD_IN_ROLES', 'HELD_OUT_ROLES', 'ZOO_TASKS', 'ZOO', 'ZOO_THREADS', 'supervised_example',
-           'collate', 'caption_examples', 'instruction_examples', 'train_llava', 'n_classes', 'permuted_labels',
-           'class_order_items', 'task_examples', 'zoo_recipes', 'build_llava_zoo', 'zoo_benchmark', 'zoo_digest',
-           'llava_zoo']
+__all__ = ['CAPTION_PROMPT', 'HELD_IN_ROLES', 'HELD_OUT_ROLES', 'ZOO_TASKS', 'ZOO', 'VALIDATION_ROLES', 'VALIDATION_DRAW',
+           'ZOO_THREADS', 'supervised_example', 'collate', 'caption_examples', 'instruction_examples', 'train_llava',
+           'n_classes', 'permuted_labels', 'class_order_items', 'task_examples', 'zoo_recipes', 'build_llava_zoo',
+           'zoo_benchmark', 'zoo_validation', 'zoo_digest', 'llava_zoo']
 
 # %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #091fab9e
 CAPTION_PROMPT = 'Describe the image.'
@@ -231,6 +231,16 @@ def zoo_benchmark(n_held_in:int, n_held_out:int, # questions per dataset
     held_in = {r: class_order_items([t], 'validation', n_held_in, seed) for r, t in HELD_IN_ROLES.items()}
     held_out = {r: (yes_no_items if r == 'pope' else short_answer_items)(t, 'test', n_held_out, seed) for r, t in HELD_OUT_ROLES.items()}
     return held_in, held_out
+
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #d0046bb9
+VALIDATION_ROLES = {'realworldqa': 'resisc45', 'seedbench2_plus': 'gtsrb', 'ocrbench': 'svhn'}  # ocrbench: short answers, the others: options
+VALIDATION_DRAW = 1000  # added to the seed: the renderer draws other test images than the held-out questions'
+
+def zoo_validation(n:int, # questions per dataset
+                   seed:int=0)->dict[str, list]:
+    "Validation role → labelled items of test images no held-out question shows (paper 004's three validation benchmarks)."
+    s = seed + VALIDATION_DRAW
+    return {r: short_answer_items(t, 'test', n, s) if r == 'ocrbench' else class_order_items([t], 'test', n, s) for r, t in VALIDATION_ROLES.items()}
 
 # %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #4e7f8669
 ZOO_THREADS = 1  # torch threads while training the zoo (the weights depend on the count; the models are too small to gain from more)
