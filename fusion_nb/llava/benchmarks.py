@@ -1,4 +1,4 @@
-"""Paper 004's held-in and held-out sets at paper scale: where each one is on the Hugging Face Hub, how its rows become the items that UQ-Merge and the exact-match evaluation read, and one loader that takes a profile's set names.
+"""Paper 004's held-in, held-out and validation sets at paper scale: where each one is on the Hugging Face Hub, how its rows become the items that UQ-Merge and the exact-match evaluation read, and one loader that takes a profile's set names.
 
 Docs: https://fusion-nb.github.io/fusion_nb/llava/benchmarks.html.md"""
 
@@ -21,18 +21,20 @@ from .short_answers import SHORT_ANSWER_PROMPT, ShortAnswerItem
 # %% auto #0
 __all__ = ['ROLES', 'BENCHMARKS', 'UNANSWERABLE_PROMPT', 'BenchmarkSource', 'declare_benchmark', 'mmbench_item',
            'option_layout_item', 'scienceqa_item', 'seedbench_item', 'ai2d_item', 'answers_item', 'vqav2_item',
-           'one_answer_item', 'mmmu_item', 'benchmarks_table', 'parse_benchmark_specs', 'benchmark_problems',
-           'check_benchmarks', 'load_benchmark', 'load_benchmarks', 'save_benchmark']
+           'one_answer_item', 'mmmu_item', 'realworldqa_item', 'seedbench2_plus_item', 'ocrbench_item',
+           'benchmarks_table', 'parse_benchmark_specs', 'benchmark_problems', 'check_benchmarks', 'load_benchmark',
+           'load_benchmarks', 'save_benchmark']
 
 # %% ../../nbs/llava/65_benchmarks.ipynb #537e8739
-ROLES = ('held_in', 'held_out')  # held-in: option questions (uncertainty, accuracy); held-out: short answers (exact match)
+ROLES = ('held_in', 'held_out', 'validation')  # held-in: option questions (uncertainty, accuracy); held-out: short answers (exact match);
+                                               # validation: labelled sets for paper 004's validation accuracy (Tables 4, 10), either kind
 BENCHMARKS = Registry('benchmark')
 
 @dataclass(frozen=True)
 class BenchmarkSource:
     "One of paper 004's evaluation sets: its hub copy (lmms-eval's) and how a row becomes an item."
-    name:str                # the set's name in the tables and in a profile's llava_held_in / llava_held_out
-    role:str                # 'held_in' (OptionItem) or 'held_out' (ShortAnswerItem)
+    name:str                # the set's name in the tables and in a profile's llava_held_in / llava_held_out / llava_validation
+    role:str                # 'held_in' (OptionItem), 'held_out' (ShortAnswerItem) or 'validation' (either)
     hub_id:str|None         # lmms-eval's dataset_path (None: no hub copy; the user saves a local folder)
     config:str|None         # lmms-eval's dataset_name (None: the default configuration)
     split:str               # lmms-eval's test_split
@@ -160,6 +162,42 @@ for _src in [
                     note='questions with one image only (LLaVA-1.5 reads one)'),
 ]: declare_benchmark(_src)
 
+# %% ../../nbs/llava/65_benchmarks.ipynb #93ae0213
+def realworldqa_item(r)->ShortAnswerItem:
+    "RealWorldQA: the stripped question (options and instruction are in its text), the answer (a letter, a word or a number)."
+    return ShortAnswerItem(_rgb(r['image']), r['question'].strip(), [str(r['answer']).strip()], '')
+
+# %% ../../nbs/llava/65_benchmarks.ipynb #99adfef7
+def seedbench2_plus_item(r)->OptionItem|None:
+    "SEED-Bench-2-Plus: choices A–D, the answer letter; a row with an image file as a choice is left out."
+    opts = [str(r[f'choice_{L}']) for L in 'ABCD']
+    if any('jpg' in o or 'png' in o for o in opts): return None  # lmms-eval: its image token instead of such a choice
+    return OptionItem(_rgb(r['image']), r['question'], opts, _letter_index(r['answer'], 'ABCD'))
+
+# %% ../../nbs/llava/65_benchmarks.ipynb #b2214830
+def ocrbench_item(r)->ShortAnswerItem:
+    "OCRBench: the stripped question, its accepted answers (a list, or one string), no instruction."
+    a = r['answer']
+    return ShortAnswerItem(_rgb(r['image']), r['question'].strip(), [a] if isinstance(a, str) else [str(x) for x in a], '')
+
+# %% ../../nbs/llava/65_benchmarks.ipynb #8f316e06
+for _src in [
+    BenchmarkSource('realworldqa', 'validation', 'lmms-lab-encoder/RealWorldQA', None, 'test', ('image', 'question', 'answer'), realworldqa_item,
+                    'realworldqa', token=True,
+                    note="lmms-eval (max 16 new tokens) pulls a letter answer out of free text (its extract_mcq_answer) and wants a word/number "
+                         "answer to equal the output lower-cased, stripped, without a final '.'; here both are an exact match after "
+                         "normalize_answer (so 'The answer is B' is wrong here, right there); formerly lmms-lab/RealWorldQA"),
+    BenchmarkSource('seedbench2_plus', 'validation', 'doolayer/SEED-Bench-2-Plus', None, 'test',
+                    ('image', 'question', 'choice_A', 'choice_B', 'choice_C', 'choice_D', 'answer'), seedbench2_plus_item, 'seedbench_2_plus', token=True,
+                    note="lmms-eval generates (max 16 new tokens) and compares the output's first character with the answer letter (case-insensitive), "
+                         "prompting options A-D only; here the answer is the most probable letter among A-D and EXTRA_OPTIONS' two "
+                         "(answer_accuracy); rows with an image file as a choice are left out"),
+    BenchmarkSource('ocrbench', 'validation', 'echo840/OCRBench', None, 'test', ('image', 'question', 'answer'), ocrbench_item, 'ocrbench', token=True,
+                    note="lmms-eval (max 128 new tokens) counts a row right when an accepted answer is a substring of the output (both lower-cased, "
+                         "full-width ASCII folded; HME100k rows: case kept, spaces and newlines removed), the score being right/1000; here an exact "
+                         "match after normalize_answer, which a longer right output fails"),
+]: declare_benchmark(_src)
+
 # %% ../../nbs/llava/65_benchmarks.ipynb #7296e3b0
 def benchmarks_table()->pd.DataFrame:
     "One row per declared set: role, hub copy, configuration, split, lmms-eval task and notes."
@@ -208,7 +246,7 @@ def _hub_problem(name:str, src:BenchmarkSource, repo:str, reachable:bool)->str|N
 
 # %% ../../nbs/llava/65_benchmarks.ipynb #06bb9931
 def benchmark_problems(specs, # what parse_benchmark_specs takes
-                       role:str, # 'held_in' or 'held_out': what the sets must be
+                       role:str, # 'held_in', 'held_out' or 'validation': what the sets must be
                        root:str|Path|None=None, # the project root local folders are relative to
                        hub_reachable:bool|None=None, # default: ask the hub (False when HF_HUB_OFFLINE is set)
                       )->list[str]:
@@ -227,13 +265,14 @@ def benchmark_problems(specs, # what parse_benchmark_specs takes
         where = _location(name, loc, root)
         if where is None: problems.append(f"{name}: {src.note}")
         elif _is_local(where):
-            if not Path(where).exists(): problems.append(f"{name}: no dataset folder at {where}; {src.note or f'save it with save_benchmark({name!r}, folder) where the hub is reachable'}")
+            if not Path(where).exists(): problems.append(f"{name}: no dataset folder at {where}; {src.note if src.hub_id is None else f'save it with save_benchmark({name!r}, folder) where the hub is reachable'}")
         elif (p := _hub_problem(name, src, where, hub_reachable)): problems.append(p)
     return problems
 
 # %% ../../nbs/llava/65_benchmarks.ipynb #58ea70e8
 def check_benchmarks(held_in=None, # the held-in sets (what parse_benchmark_specs takes); None: not checked
                      held_out=None, # the held-out sets; None: not checked
+                     validation=None, # the validation sets; None: not checked
                      root:str|Path|None=None, hub_reachable:bool|None=None,
                      what:str='paper 004', # who asks, for the message
                     )->None:
@@ -241,7 +280,7 @@ def check_benchmarks(held_in=None, # the held-in sets (what parse_benchmark_spec
     if hub_reachable is None:
         from fusion_nb.checkpoints import hub_reachable as _reachable
         hub_reachable = _reachable()
-    problems = [p for role, specs in zip(ROLES, (held_in, held_out)) if specs is not None
+    problems = [p for role, specs in zip(ROLES, (held_in, held_out, validation)) if specs is not None
                 for p in benchmark_problems(specs, role, root, hub_reachable)]
     if problems:
         raise FusionError(f"{what}: {len(problems)} evaluation set(s) cannot be loaded (hub ids from lmms-eval, "
@@ -289,7 +328,7 @@ def load_benchmark(name:str, # a declared set
 
 # %% ../../nbs/llava/65_benchmarks.ipynb #24586135
 def load_benchmarks(specs, # 'mmbench oodcv_vqa=./x …' (see parse_benchmark_specs)
-                    role:str, # 'held_in' or 'held_out'
+                    role:str, # 'held_in', 'held_out' or 'validation'
                     n:int|None=None, seed:int=0, root:str|Path|None=None,
                     hub_reachable:bool|None=None, # default: ask the hub
                    )->dict[str, list]:
