@@ -232,15 +232,17 @@ def zoo_benchmark(n_held_in:int, n_held_out:int, # questions per dataset
     held_out = {r: (yes_no_items if r == 'pope' else short_answer_items)(t, 'test', n_held_out, seed) for r, t in HELD_OUT_ROLES.items()}
     return held_in, held_out
 
-# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #d0046bb9
-VALIDATION_ROLES = {'realworldqa': 'resisc45', 'seedbench2_plus': 'gtsrb', 'ocrbench': 'svhn'}  # ocrbench: short answers, the others: options
+# %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #3c7ba55b
+VALIDATION_ROLES = {'realworldqa': 'options', 'seedbench2_plus': 'options', 'ocrbench': 'short answers'}  # each about all of ZOO_TASKS
 VALIDATION_DRAW = 1000  # added to the seed: the renderer draws other test images than the held-out questions'
 
-def zoo_validation(n:int, # questions per dataset
+def zoo_validation(n:int, # questions per task in each set (a set holds n × 6)
                    seed:int=0)->dict[str, list]:
-    "Validation role → labelled items of test images no held-out question shows (paper 004's three validation benchmarks)."
-    s = seed + VALIDATION_DRAW
-    return {r: short_answer_items(t, 'test', n, s) if r == 'ocrbench' else class_order_items([t], 'test', n, s) for r, t in VALIDATION_ROLES.items()}
+    "Validation role → labelled items about every zoo task, on test images no held-out question shows (paper 004's validation benchmarks)."
+    def one(role, s):
+        if VALIDATION_ROLES[role] == 'options': return class_order_items(ZOO_TASKS, 'test', n, s)
+        return [it for t in ZOO_TASKS for it in short_answer_items(t, 'test', n, s)]
+    return {r: one(r, seed + VALIDATION_DRAW + 100 * i) for i, r in enumerate(VALIDATION_ROLES)}   # each set its own images
 
 # %% ../../nbs/llava/63_tiny_llava_zoo.ipynb #4e7f8669
 ZOO_THREADS = 1  # torch threads while training the zoo (the weights depend on the count; the models are too small to gain from more)

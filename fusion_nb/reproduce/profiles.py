@@ -291,7 +291,7 @@ def _llava_sources(profile:Profile)->list[Source]:
     for item in profile.extra.get('llava_finetunes', '').split():
         name, _, v = item.partition('=')
         out.append(Source(f'llava_finetunes {name}', 'model', resolve_source(v, profile.root), _MODEL_HOW))
-    for role in ('held_in', 'held_out'):
+    for role in ('held_in', 'held_out', 'validation'):
         for name, loc in parse_benchmark_specs(profile.extra.get(f'llava_{role}', '')).items():
             src = BENCHMARKS[name] if name in BENCHMARKS else None
             v = resolve_source(loc, profile.root) if loc else (f'{src.hub_id}:{src.config}' if src.config else src.hub_id) if src else name

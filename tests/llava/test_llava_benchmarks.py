@@ -136,19 +136,20 @@ def test_sampling_and_bad_folders(tmp_path):
     with pytest.raises(FusionError, match="holds splits \\['validation'\\], not 'test'"): load_benchmark('ai2d', str(tmp_path/'wrong_split'))
 
 def test_paper_profile_offline_names_every_set(tmp_path):
-    "The llava-1.5-7b profile's own lists: offline with an empty cache, one error names all twelve sets and the way out."
+    "The llava-1.5-7b profile's own lists: offline with an empty cache, one error names all fifteen sets and the way out."
     P = load_profile('llava-1.5-7b')
-    held_in, held_out = P.extra['llava_held_in'], P.extra['llava_held_out']
+    held_in, held_out, validation = P.extra['llava_held_in'], P.extra['llava_held_out'], P.extra['llava_validation']
     assert [s.split('=')[0] for s in held_in.split()] == ['mmbench', 'oodcv_vqa', 'scienceqa_img', 'seedbench', 'ai2d']
     assert held_out.split() == ['ok_vqa', 'textvqa', 'gqa', 'vizwiz_vqa', 'vqav2', 'pope', 'mmmu']
-    with pytest.raises(FusionError) as e: check_benchmarks(held_in, held_out, root=tmp_path, hub_reachable=False, what="profile 'llava-1.5-7b'")
+    assert validation.split() == ['realworldqa', 'seedbench2_plus', 'ocrbench']
+    with pytest.raises(FusionError) as e: check_benchmarks(held_in, held_out, validation=validation, root=tmp_path, hub_reachable=False, what="profile 'llava-1.5-7b'")
     msg = str(e.value)
-    assert msg.startswith("profile 'llava-1.5-7b': 12 evaluation set(s) cannot be loaded")
+    assert msg.startswith("profile 'llava-1.5-7b': 15 evaluation set(s) cannot be loaded")
     for name in BENCHMARKS: assert f'\n  - {name}: ' in msg
-    assert msg.count('is not in the local cache and the hub is not reachable') == 11 and "Kostumov et al.'s code" in msg
+    assert msg.count('is not in the local cache and the hub is not reachable') == 14 and "Kostumov et al.'s code" in msg
 
 def test_experiment_40_paper_profile_fails_first_on_its_sets(tmp_path):
-    "Experiment 40 on the paper profile, offline: the first error is the one naming all twelve sets (before the model, device or fine-tunes)."
+    "Experiment 40 on the paper profile, offline: the first error is the one naming all fifteen sets (before the model, device or fine-tunes)."
     import os, subprocess, sys
     from pathlib import Path
     repo = Path(__file__).resolve().parents[2]
@@ -157,7 +158,7 @@ def test_experiment_40_paper_profile_fails_first_on_its_sets(tmp_path):
     env = {**os.environ, 'FUSION_NB_ROOT': str(repo), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(repo), 'HF_DATASETS_CACHE': str(tmp_path/'empty_cache')}
     r = subprocess.run(args, env=env, capture_output=True, text=True, cwd=repo)
     assert r.returncode != 0
-    assert "profile 'llava-1.5-7b' (llava_held_in / llava_held_out): 12 evaluation set(s) cannot be loaded" in r.stderr + r.stdout, r.stderr[-2000:]
+    assert "profile 'llava-1.5-7b' (llava_held_in / llava_held_out / llava_validation): 15 evaluation set(s) cannot be loaded" in r.stderr + r.stdout, r.stderr[-2000:]
 
 def test_experiment_40_paper_branch_runs_on_local_sets(tmp_path):
     """Experiment 40's paper-scale branch end to end, offline: a profile like llava-1.5-7b (no build, sets by name) whose
@@ -185,6 +186,8 @@ def test_experiment_40_paper_branch_runs_on_local_sets(tmp_path):
                        'image': [img(i) for i in range(3)]}, features=Features({'question': S(), 'answer': S(), 'image': DImage()})).save_to_disk(str(sets/'pope'))
     Dataset.from_dict({'question': ['What is it?', 'What colour?', 'Shape?'], 'answers': [['cat'] * 3, ['red'] * 3, ['round'] * 3], 'image': [img(i) for i in range(3)]},
                       features=Features({'question': S(), 'answers': DSeq(S()), 'image': DImage()})).save_to_disk(str(sets/'textvqa'))
+    Dataset.from_dict({'question': ['Which animal?\nA. cat\nB. dog', 'How many?', 'Colour?'], 'answer': ['A', '2', 'red'], 'image': [img(i + 6) for i in range(3)]},
+                      features=Features({'question': S(), 'answer': S(), 'image': DImage()})).save_to_disk(str(sets/'realworldqa'))
     (tmp_path/'nbs').symlink_to(repo/'nbs')
     models = ['instruct', 'cifar10', 'captions_1']
     (tmp_path/'settings.ini').write_text((repo/'settings.ini').read_text() + f"""
@@ -197,6 +200,7 @@ pretrained = {zoo/'base'}
 llava_finetunes = {' '.join(f'{m}={zoo/m}' for m in models)}
 llava_held_in = mmbench=./sets/mmbench ai2d=./sets/ai2d
 llava_held_out = pope=./sets/pope textvqa=./sets/textvqa
+llava_validation = realworldqa=./sets/realworldqa
 llava_passes = 2
 """)
     args = [sys.executable, '-m', 'papermill', str(repo/'nbs'/'experiments'/'40_uq_merge.ipynb'), str(tmp_path/'run.ipynb'), '-k', 'python3',
@@ -207,6 +211,8 @@ llava_passes = 2
     assert r.returncode == 0, r.stderr[-3000:]
     t1 = pd.read_csv(tmp_path/'out'/'table1.csv', index_col=0)
     assert list(t1.columns) == ['avg_held_in', 'mmbench', 'ai2d', 'avg_held_out', 'pope', 'textvqa']
+    assert list(pd.read_csv(tmp_path/'out'/'table10.csv', index_col=0).index) == ['realworldqa']   # the profile's validation set
+    assert (tmp_path/'out'/'table4_authors.csv').exists() and (tmp_path/'out'/'table1_authors_mean.csv').exists()
     steps = pd.read_csv(tmp_path/'out'/'uq_merge_steps.csv')
     first = steps[(steps.run == 'uq_merge') & (steps.step == 1)].iloc[0]
     model, proc = load_llava(zoo/first.added)

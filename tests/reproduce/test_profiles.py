@@ -287,7 +287,7 @@ def _paper_profile_sources(cp, name, root):
             if v := sec.get(f'{kind}.{t}') or sec.get(f'{kind}_template', '').replace('{task}', t): out[f'{kind}.{t}'] = v
     for key in [k for k in sec if k.startswith('robust_checkpoints_')]:
         out.update({f'{key} {i.split("=")[0]}': i.split('=', 1)[1] for i in sec[key].split()})
-    for key in ('llava_held_in', 'llava_held_out'):
+    for key in ('llava_held_in', 'llava_held_out', 'llava_validation'):
         out.update({f'{key} {i.split("=")[0]}': i.split('=', 1)[1] if '=' in i else '' for i in sec.get(key, '').split()})
     out.update({'soup_ingredients': v for v in sec.get('soup_ingredients', '').split()})
     return {k: absolute(v) for k, v in out.items()}
