@@ -92,7 +92,7 @@ def test_table7_repeats_recompute(run):
     assert got['average'] == pytest.approx(sum(per_set.values()) / len(per_set), abs=1e-9)   # the mean over sets, not over questions
 
 def test_findings_are_read_from_the_tables(run):
-    "The findings cell's verdicts are the tables' comparisons (Table 1 means, Table 3's uncertainty rows, Table 4's steps)."
+    "The findings cell's verdicts are the tables' comparisons (Table 1 means, Table 3's uncertainty rows, Table 4's steps, the authors' procedure's tables)."
     f = json.loads((run/'summary.json').read_text())['findings']
     t3 = pd.read_csv(run/'table3.csv', index_col=[0, 1])
     assert f['descending_beats_ascending'] == bool(t3.loc[('Uncertainty', 'Descending'), 'avg_held_out'] > t3.loc[('Uncertainty', 'Ascending'), 'avg_held_out'])
@@ -102,5 +102,11 @@ def test_findings_are_read_from_the_tables(run):
     ours = steps[steps.run == 'uq_merge']
     better = (ours.avg_held_out > ours[ours.selected].avg_held_out.iloc[0]).sum()
     assert f['lowest_uq_among_top3'] == (better < 3)
+    authors = steps[steps.run == 'authors']   # the authors' procedure: the kept step is the one of highest validation accuracy
+    assert int(authors[authors.selected].step.iloc[0]) == int(authors.step[authors.validation_accuracy.idxmax()])
+    assert f['authors_leave_a_model_out'] == (int(authors[authors.selected].step.iloc[0]) < len(authors))
+    a_means = pd.read_csv(run/'table1_authors_mean.csv', index_col=0)
+    a_label, others = "UQ-Merge as its authors ran it", [r for r in a_means.index if r != "UQ-Merge as its authors ran it"]
+    assert f['authors_beat_random_mean'] == all(a_means.loc[a_label, c] > a_means.loc[r, c] for r in others for c in ['avg_held_in', 'avg_held_out'])
     text = (run/'findings.md').read_text()
-    assert text.count('**holds**') == sum(f.values()) and text.count('**does not hold**') == 3 - sum(f.values())
+    assert text.count('**holds**') == sum(f.values()) and text.count('**does not hold**') == len(f) - sum(f.values()) and len(f) == 5
