@@ -19,6 +19,7 @@ from ..checkpoints import LazyStateDict
 from ..methods.registry import check_models, check_pool, write_merged
 from ..merge import MERGE_METHODS, merge
 from .model import check_same_llava, llava_dir, llava_state_dict, load_llava
+from .short_answers import ShortAnswerItem, exact_match
 from .uncertainty import (ATTENTION_DROPOUT, DEFAULT_J, PERTURBATIONS, OptionItem, check_perturbations,
                                          answer_accuracy, as_held_in, held_in_uncertainty, model_uncertainty)
 
@@ -178,7 +179,6 @@ def question_key(sets:Mapping[str, Sequence[OptionItem]])->str:
 # %% ../../nbs/llava/62_uq_merge.ipynb #0bb1e2d9
 def set_accuracy(model, processor, items:Sequence)->float:
     "Accuracy on one labelled set: the clean answer letter of option questions, exact match of short answers (a validation set may be either)."
-    from fusion_nb.llava.short_answers import ShortAnswerItem, exact_match
     kinds = {isinstance(it, ShortAnswerItem) for it in items}
     if len(kinds) > 1: raise HyperparameterError("a labelled set mixes option and short-answer questions: split it into two sets")
     return exact_match(model, processor, items) if kinds == {True} else answer_accuracy(model, processor, items)
