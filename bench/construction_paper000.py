@@ -8,6 +8,7 @@
     python bench/construction_paper000.py compare NAME...            # the candidates side by side
     python bench/construction_paper000.py spread NAME_s0 NAME_s1 NAME_s2   # builds of one candidate (--methods run on each): spreads, orderings
     python bench/construction_paper000.py spread NAME_s0 NAME_s1 NAME_s2 --extra _extra   # with the rows of `--methods --rows … --suffix _extra`: experiment 04's ten
+    python bench/construction_paper000.py export pinclip_ft_s0 pinclip_ft_s1 pinclip_ft_s2   # → data/paper_values/expert_spread_tiny.csv (experiment 04 reads it)
     python bench/construction_paper000.py measure NAME --methods [--rows R... --suffix S]   # paper 000's rows by the package's fuse()
     python bench/construction_paper000.py measure pinned --models data/tiny/models --methods --fuse-seed 1 --suffix _fuse1   # other test batches
     python bench/construction_paper000.py build NAME --corpus digits-near ...   # SVHN/MNIST pretraining renderings without the zoom-out
@@ -292,6 +293,35 @@ def cmd_spread(a):
             "## orderings, the spread file's builds", beyond_spread(before['seed 0'], before, orderings).round(2).to_string()]
     print('\n'.join(text)); (OUT/f'spread_{a.names[0]}{a.extra}.txt').write_text('\n'.join(text) + '\n')
 
+EXPERT_SPREAD = ROOT/'data'/'paper_values'/'expert_spread_tiny.csv'
+
+def cmd_export(a):
+    """Experiment 04's rows on the pinned zoo's CLIP with its experts fine-tuned again (each NAME a `build --clip-from data/tiny/models/clip-vit-tiny`
+    measured with `--methods` and `--extra`'s rows) → data/paper_values/expert_spread_tiny.csv: `seed 0` the pinned build's own rows (the spread
+    file's seed 0, so a notebook can tell whether this run is still that build), `seed i` the i-th NAME. Paper 000's variation: one CLIP, other experts."""
+    from fusion_nb.core import atomic_write_text
+    from fusion_nb.reproduce.reports import ROW_LABELS, load_build_spread, spread_rows
+    clip = (ROOT/'data'/'tiny'/'models'/'clip-vit-tiny').resolve()
+    for n in a.names:   # each build's experts must have been fine-tuned on this checkout's pinned CLIP
+        models = Path(json.loads((OUT/f'{n}_methods.json').read_text())['models'])
+        used = Path(json.loads((models/'candidate.json').read_text())['clip']).resolve()
+        if used != clip: raise SystemExit(f'{n}: its experts were fine-tuned on {used}, not the pinned CLIP {clip}')
+    spread, recipes = load_build_spread('tiny', ROOT)
+    pinned = spread_rows(spread, '04_fusion_eight_tasks')['seed 0']
+    def table(n):
+        t = pd.Series(json.loads((OUT/f'{n}_methods.json').read_text())['table']['Avg.'])
+        x = pd.Series(json.loads((OUT/f'{n}_methods{a.extra}.json').read_text())['table']['Avg.'])
+        return pd.concat([t, x[~x.index.isin(t.index)]])
+    rows = [ROW_LABELS[r] for r in ['pretrained', 'finetuned', *ROWS_04]]
+    avg = pd.DataFrame({'seed 0': pinned, **{f'seed {i + 1}': table(n).rename(index=ROW_LABELS) for i, n in enumerate(a.names)}}).loc[rows].round(2)
+    avg = avg.assign(min=avg.min(axis=1), max=avg.max(axis=1)); avg['spread'] = (avg['max'] - avg['min']).round(2)
+    avg.index.name = 'row'; avg = avg.reset_index().assign(experiment='04_fusion_eight_tasks', table='table').set_index(['experiment', 'table', 'row'])
+    header = (f"# experts' spread, profile tiny: zoo recipe {recipes['zoo']} (seed 0 = the pins; seeds 1-{len(a.names)}: the pinned CLIP's eight experts "
+              f"fine-tuned again, bench seeds {', '.join(n.rsplit('_s', 1)[-1] for n in a.names)}, one thread); runs: python bench/construction_paper000.py "
+              f"export {' '.join(a.names)} --extra {a.extra}\n")
+    atomic_write_text(EXPERT_SPREAD, header + avg.to_csv())
+    print(header + avg.droplevel(['experiment', 'table']).to_string())
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     sub = ap.add_subparsers(dest='what', required=True)
@@ -314,10 +344,12 @@ def main(argv=None):
     for p in (b, m):
         p.add_argument('--scratch', default=str(SCRATCH)); p.add_argument('--datasets', default='/work/scratch-47/datasets')
         p.add_argument('--threads', type=int, default=1); p.add_argument('--seed', type=int, default=0)
+    ex = sub.add_parser('export', help="the builds NAME... (experts fine-tuned on the pinned CLIP) → data/paper_values/expert_spread_tiny.csv, which experiment 04 reads")
+    ex.add_argument('names', nargs='+'); ex.add_argument('--extra', default='_extra', help="the suffix of each build's `--methods --rows … --suffix` file")
     a = ap.parse_args(argv)
     if a.what in ('build', 'measure'): torch.set_num_threads(a.threads)
     t0 = time.time()
-    {'build': cmd_build, 'measure': cmd_measure, 'compare': cmd_compare, 'spread': cmd_spread}[a.what](a)
+    {'build': cmd_build, 'measure': cmd_measure, 'compare': cmd_compare, 'spread': cmd_spread, 'export': cmd_export}[a.what](a)
     print(f'\n# {a.what}: {time.time() - t0:.0f} s wall')
 
 if __name__ == '__main__':

@@ -20,8 +20,8 @@ import fusion_nb
 __all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'PARTIAL', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records',
            'save_figure', 'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread',
            'spread_rows', 'same_as_seed0', 'note_seed0', 'judge_beyond_spread', 'beyond_spread', 'spread_zoo_differs',
-           'claims_beyond_spread', 'finding_label', 'verdicts_across_builds', 'judged_across_builds', 'partial_note',
-           'headline_numbers', 'project_relative', 'write_report']
+           'with_expert_spread', 'claims_beyond_spread', 'finding_label', 'verdicts_across_builds',
+           'judged_across_builds', 'partial_note', 'headline_numbers', 'project_relative', 'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #d3e31a10
 _CMP = ('reproduced', 'reported', 'difference')
@@ -147,10 +147,13 @@ def paper_model(profile, # a Profile (or anything with `name` and `extra`)
     return (getattr(profile, 'extra', {}) or {}).get('paper_model', '').strip() or profile.name
 
 # %% ../../nbs/reproduce/91_reports.ipynb #2a1ee947
-def load_build_spread(profile:str='tiny', root:str|Path|None=None)->tuple[pd.DataFrame, dict[str, str]]:
+def load_build_spread(profile:str='tiny', root:str|Path|None=None,
+                      kind:str='build', # 'build': honest builds of the zoo; 'expert': the pinned CLIP's experts fine-tuned again (paper 000)
+                     )->tuple[pd.DataFrame, dict[str, str]]:
     "(averages per build: one row per experiment, table and row, a column per seed; zoo → the recipe it was measured on); empty without one."
     import re
-    f = Path(root or project_root())/'data'/'paper_values'/f'build_spread_{profile}.csv'
+    if kind not in ('build', 'expert'): raise ValueError(f"kind must be 'build' or 'expert', not {kind!r}")
+    f = Path(root or project_root())/'data'/'paper_values'/f'{kind}_spread_{profile}.csv'
     if not f.exists(): return pd.DataFrame(), {}
     header = f.read_text(encoding='utf-8').split('\n', 1)[0]   # '… zoo recipe <digest>, llava zoo recipe <digest> …'
     return pd.read_csv(f, comment='#').set_index(['experiment', 'table', 'row']), dict(re.findall(r'([a-z][a-z ]*?) recipe ([0-9a-f]+)', header))
@@ -212,6 +215,23 @@ def spread_zoo_differs(P, # a prepared profile (`fusion_nb.reproduce.profiles.pr
     "Whether the build spread was measured on another recipe of the benchmark's zoo than the one `P` is built from (never on paper profiles)."
     if not P.build: return False
     return recipes.get('zoo') != json.loads((P.root/'data'/P.build/'manifest.json').read_text())['recipes']['zoo']
+
+# %% ../../nbs/reproduce/91_reports.ipynb #6bf63261
+def with_expert_spread(findings:pd.DataFrame, # `beyond_spread`'s table of this run's orderings
+                       here:Mapping[str, float], # row → its value in this run
+                       comparisons:Sequence[tuple[str, str]], # (a, b): the finding "a above b", as given to `beyond_spread`
+                       P, # the prepared profile (its `name`, `root`, `build`)
+                       experiment:str, # e.g. '04_fusion_eight_tasks'
+                      )->pd.DataFrame:
+    "`findings` with `experts' spread` and `against the experts' spread` (one CLIP, its experts fine-tuned again), where measured on this run's build."
+    experts, recipes = load_build_spread(P.name, P.root, kind='expert')
+    if not len(builds := spread_rows(experts, experiment)): return findings
+    judged = beyond_spread(here, builds, comparisons)
+    if spread_zoo_differs(P, recipes) or not judged['seed 0 is this run'].all():   # its seed 0 is the pinned build's own run
+        print("not judged against the experts' spread: it was measured on another build or code than this run's (rerun bench/construction_paper000.py export)")
+        return findings
+    judged = judged.replace({'verdict': {'within the build spread': "within the experts' spread"}})
+    return findings.join(judged[['build spread', 'verdict']].rename(columns={'build spread': "experts' spread", 'verdict': "against the experts' spread"}))
 
 # %% ../../nbs/reproduce/91_reports.ipynb #0e63b5d1
 def claims_beyond_spread(findings:pd.DataFrame, # per claim: `difference (points)` and `verdict` (`claim_findings`)
