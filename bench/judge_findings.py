@@ -36,6 +36,7 @@ def orderings(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataF
     out = []
     for finding, here in zip(found['finding'], found['difference here']):
         a, b = finding.split(' > ', 1)
+        b = b.replace(' (random, same size)', '')   # experiment 40's authors' comparisons: the file's table1_authors_mean names the baselines plainly
         tables = [t for t in rows.index.get_level_values('table').unique() if {a, b} <= set(rows.xs(t, level='table').index)]
         if not tables: out.append(dict(finding=finding, verdict='build spread not measured')); continue
         t = rows.xs(tables[0], level='table')[seed_columns(spread)].astype(float)
