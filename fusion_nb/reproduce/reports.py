@@ -190,8 +190,9 @@ def judge_beyond_spread(here:float, # the difference a − b in this run
     "One finding against the build spread: the difference across builds, its spread (max − min), in how many it holds, and the verdict."
     builds = builds.dropna()   # a build that did not measure it (a spread file with more seeds for other experiments)
     spread, d = float(builds.max() - builds.min()), sign * here
+    past = round(abs(d), 2) > round(spread, 2)   # the file keeps two decimals: equal at that precision is not beyond it
     return {'across builds': f"{builds.min():.1f} … {builds.max():.1f}", 'builds where it holds': f"{int((sign * builds > 0).sum())} of {len(builds)}",
-            'build spread': spread, 'verdict': 'holds' if d > spread else 'reversed' if d < -spread else 'within the build spread'}
+            'build spread': spread, 'verdict': ('holds' if d > 0 else 'reversed') if past else 'within the build spread'}
 
 def beyond_spread(here:Mapping[str, float], # row → its value in this run
                   builds:pd.DataFrame, # row → its value in each build (the `seed …` columns; `load_build_spread`)
