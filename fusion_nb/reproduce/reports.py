@@ -229,7 +229,8 @@ def with_expert_spread(findings:pd.DataFrame, # `beyond_spread`'s table of this 
     if not len(builds := spread_rows(experts, experiment)): return findings
     judged = beyond_spread(here, builds, comparisons)
     if spread_zoo_differs(P, recipes) or not judged['seed 0 is this run'].all():   # its seed 0 is the pinned build's own run
-        print("not judged against the experts' spread: it was measured on another build or code than this run's (rerun bench/construction_paper000.py export)")
+        print("not judged against the experts' spread: it was measured on another build or code than this run's (fine-tune the experts again on the "
+              "pinned CLIP, measure and export them: bench/construction_paper000.md, last section)")
         return findings
     judged = judged.replace({'verdict': {'within the build spread': "within the experts' spread"}})
     return findings.join(judged[['build spread', 'verdict']].rename(columns={'build spread': "experts' spread", 'verdict': "against the experts' spread"}))
