@@ -101,6 +101,10 @@ def main(argv=None)->int:
               + (f'seed 0 is this run in {same} of {len(v)})' if files else 'not in this run: named from the file)'))
         print(v[[c for c in ['difference here', 'difference (points)', 'across builds', 'builds where it holds', 'build spread', 'verdict'] if c in v.columns]].round(2).to_string(), '\n')
         counts[exp] = v['verdict'].str.split(' \\(').str[0].value_counts()
+        if exp[:2] == '04' and len(experts := load_build_spread('tiny', REPO, kind='expert')[0]):   # paper 000's own variation, beside the verdict
+            e = orderings(experts, exp, found)
+            print("### against the experts' spread on the pinned CLIP (data/paper_values/expert_spread_tiny.csv; the verdict above stays the builds')")
+            print(e[['build spread', 'verdict']].rename(columns={'build spread': "experts' spread"}).round(2).to_string(), '\n')
     total = pd.DataFrame(counts).fillna(0).astype(int).T
     total.loc['all'] = total.sum()
     print(total.to_string())
