@@ -270,18 +270,20 @@ from fusion_nb.reproduce.rows import PAPER000_ORDERINGS as FINDINGS_04   # exper
 ROWS_04 = ['simple_average', 'task_arithmetic', 'ties_merging', 'fisher_merging', 'regmean', 'concrete_task_arithmetic', 'task_wise_adamerging',
            'layer_wise_adamerging', 'concrete_layer_wise_adamerging', 'weight_ensembling_moe']   # experiment 04's ten merged rows
 
+def build_averages(name:str, extra:str='')->pd.Series:
+    "A build's `Avg.` per row (the registry's names): its `measure --methods` file, joined by the rows of its `--suffix EXTRA` file if given."
+    t = pd.Series(json.loads((OUT/f'{name}_methods.json').read_text())['table']['Avg.'])
+    if not extra: return t
+    x = pd.Series(json.loads((OUT/f'{name}_methods{extra}.json').read_text())['table']['Avg.'])
+    return pd.concat([t, x[~x.index.isin(t.index)]])
+
 def cmd_spread(a):
     """Paper 000's rows over several builds of a candidate (their `measure --methods` files) beside the spread file's builds: spreads, and the
     orderings judged as experiment 04 judges them. `--extra S` adds each build's `--methods --rows … --suffix S` file: experiment 04's ten
     merged rows and nine orderings."""
     from fusion_nb.reproduce.reports import ROW_LABELS, beyond_spread, load_build_spread, spread_rows
-    def table(n):
-        t = pd.Series(json.loads((OUT/f'{n}_methods.json').read_text())['table']['Avg.'])
-        if not a.extra: return t
-        x = pd.Series(json.loads((OUT/f'{n}_methods{a.extra}.json').read_text())['table']['Avg.'])
-        return pd.concat([t, x[~x.index.isin(t.index)]])
     rows, pairs = (ROWS_04, FINDINGS_04) if a.extra else (ROWS_000, ORDERINGS_000)
-    avg = pd.DataFrame({f'seed {i}': table(n) for i, n in enumerate(a.names)}).loc[['pretrained', 'finetuned', *rows]]
+    avg = pd.DataFrame({f'seed {i}': build_averages(n, a.extra) for i, n in enumerate(a.names)}).loc[['pretrained', 'finetuned', *rows]]
     avg = avg.rename(index=ROW_LABELS).round(2)   # two decimals, as the spread file keeps them
     avg['spread'] = avg.max(axis=1) - avg.min(axis=1)
     before = spread_rows(load_build_spread('tiny', ROOT)[0], '04_fusion_eight_tasks').reindex(avg.index)   # the adopted construction's builds
@@ -308,12 +310,12 @@ def cmd_export(a):
         if used != clip: raise SystemExit(f'{n}: its experts were fine-tuned on {used}, not the pinned CLIP {clip}')
     spread, recipes = load_build_spread('tiny', ROOT)
     pinned = spread_rows(spread, '04_fusion_eight_tasks')['seed 0']
-    def table(n):
-        t = pd.Series(json.loads((OUT/f'{n}_methods.json').read_text())['table']['Avg.'])
-        x = pd.Series(json.loads((OUT/f'{n}_methods{a.extra}.json').read_text())['table']['Avg.'])
-        return pd.concat([t, x[~x.index.isin(t.index)]])
+    builds = {n: build_averages(n, a.extra).rename(index=ROW_LABELS) for n in a.names}
+    for n, b in builds.items():   # the same path may hold another CLIP by now: its zero-shot average must be the pinned build's
+        if round(b['Pre-trained'], 2) != pinned['Pre-trained']:
+            raise SystemExit(f"{n}: its CLIP's zero-shot average is {b['Pre-trained']:.2f}, the pinned build's {pinned['Pre-trained']:.2f}: not the pinned CLIP")
     rows = [ROW_LABELS[r] for r in ['pretrained', 'finetuned', *ROWS_04]]
-    avg = pd.DataFrame({'seed 0': pinned, **{f'seed {i + 1}': table(n).rename(index=ROW_LABELS) for i, n in enumerate(a.names)}}).loc[rows].round(2)
+    avg = pd.DataFrame({'seed 0': pinned, **{f'seed {i + 1}': builds[n] for i, n in enumerate(a.names)}}).loc[rows].round(2)
     avg = avg.assign(min=avg.min(axis=1), max=avg.max(axis=1)); avg['spread'] = (avg['max'] - avg['min']).round(2)
     avg.index.name = 'row'; avg = avg.reset_index().assign(experiment='04_fusion_eight_tasks', table='table').set_index(['experiment', 'table', 'row'])
     header = (f"# experts' spread, profile tiny: zoo recipe {recipes['zoo']} (seed 0 = the pins; seeds 1-{len(a.names)}: the pinned CLIP's eight experts "
