@@ -13,6 +13,8 @@
     python bench/construction_paper000.py measure pinned --models data/tiny/models --methods --fuse-seed 1 --suffix _fuse1   # other test batches
     python bench/construction_paper000.py build NAME --corpus digits-near ...   # SVHN/MNIST pretraining renderings without the zoom-out
     python bench/construction_paper000.py build NAME --corpus cars-near --seed 1 ...   # Cars' likewise; --seed: another build of it
+    python bench/construction_paper000.py build NAME --pretrain-schedule cosine --warmup-steps 200 ...   # CLIP's lr schedule, not the package's constant lr
+    python bench/construction_paper000.py build|measure NAME --device cuda ...   # on a GPU (other weights than the CPU's); bench/construction_paper000_device.sh runs several
 
 A candidate is the tiny `ZooConfig` with some fields replaced (`dataclasses.replace`): the package is not touched, the
 datasets are the tiny benchmark's (`--datasets`, a built data/tiny/datasets), the weights go to `--scratch`/NAME.
@@ -29,6 +31,7 @@ gives), the per-sample Spearman ρ(entropy, loss) at TA 0.3, ‖τ‖² share of
 """
 from __future__ import annotations
 import argparse, json, math, sys, time
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -72,6 +75,27 @@ def use_corpus(name:str)->list[str]:
         T.TASKS[t] = replace(spec, pretrain=lambda rng, y, spec=spec: near_shift(spec.render(rng, y, spec.splits[0]), rng))
     return list(CORPORA[name])
 
+def cosine_lr(step:int, steps:int, warmup:int)->float:
+    "The factor on the base lr at `step`: linear warmup over `warmup` steps, then a cosine decay to 0 at `steps` (CLIP's schedule, Radford et al. 2021 §2.5)."
+    if step < warmup: return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+@contextmanager
+def pretrain_schedule(kind:str, steps:int, warmup:int):
+    """Inside the block, the AdamW `pretrain_clip` creates follows `kind`'s lr schedule ('constant': the package's, unchanged; 'cosine':
+    `cosine_lr`), in this process only: a candidate construction, the package untouched (its zoo recipe digests zoo.py)."""
+    if kind == 'constant': yield; return
+    base = torch.optim.AdamW
+    class Scheduled(base):
+        def step(self, *args, **kw):
+            self._t = getattr(self, '_t', 0)
+            for g in self.param_groups: g['lr'] = g.setdefault('initial_lr', g['lr']) * cosine_lr(self._t, steps, warmup)
+            self._t += 1
+            return super().step(*args, **kw)
+    torch.optim.AdamW = Scheduled
+    try: yield
+    finally: torch.optim.AdamW = base
+
 def cmd_build(a):
     from fusion_nb.tiny.zoo import deterministic, finetune_expert, pretrain_clip, zoo_config
     from fusion_nb.tiny.tasks import EIGHT_TASKS
@@ -88,15 +112,18 @@ def cmd_build(a):
             clip_dir, src_cfg = src/'clip-vit-tiny', json.loads((src/'candidate.json').read_text())['config']
             cfg = replace(cfg, **{k: v for k, v in src_cfg.items() if not k.startswith('finetune')})   # the CLIP's own sizes
         else:
-            t0 = time.time(); pretrain_clip(clip_dir, cfg, seed=a.seed, progress=False, history=history)
+            t0 = time.time()
+            with pretrain_schedule(a.pretrain_schedule, cfg.pretrain_steps, a.warmup_steps):
+                pretrain_clip(clip_dir, cfg, seed=a.seed, device=a.device, progress=False, history=history)
             timings['pretrain_s'] = round(time.time() - t0, 1)
             print(f'pretrained in {timings["pretrain_s"]} s', flush=True)
         t0 = time.time()
         for t in ([] if a.pretrain_only else EIGHT_TASKS):
-            finetune_expert(clip_dir, t, Path(a.datasets)/t, out/f'clip-vit-tiny_{t}', cfg, seed=a.seed, progress=False)
+            finetune_expert(clip_dir, t, Path(a.datasets)/t, out/f'clip-vit-tiny_{t}', cfg, seed=a.seed, device=a.device, progress=False)
         timings['experts_s'] = round(time.time() - t0, 1)
     curve = {f'loss, steps {i}-{i + 99}': round(float(np.mean(history[i:i + 100])), 3) for i in range(0, len(history), max(100, len(history) // 10 // 100 * 100))}
-    rec = {'name': a.name, 'config': asdict(cfg), 'clip': str(clip_dir), 'seed': a.seed, 'threads': a.threads, 'timings': timings,
+    rec = {'name': a.name, 'config': asdict(cfg), 'clip': str(clip_dir), 'seed': a.seed, 'threads': a.threads, 'device': a.device, 'timings': timings,
+           'pretrain_schedule': 'see the CLIP' if a.clip_from else f'{a.pretrain_schedule}, warmup {a.warmup_steps}',
            'pretrain_loss': curve, 'corpus': a.corpus if not a.clip_from else 'see the CLIP', 'near_shift_tasks': near}
     (out/'candidate.json').write_text(json.dumps(rec, indent=1))
     print(json.dumps(rec, indent=1))
@@ -162,7 +189,7 @@ def measure_methods(a, clip_dir:Path, models:Path, t0:float):
     from fusion_nb.reproduce.rows import fuse, fusion_settings
     from fusion_nb.tiny.tasks import EIGHT_TASKS
     P = load_profile('tiny'); S = fusion_settings(P)   # the budgets settings.ini gives the tiny profile; its seed (42)
-    mp = ModelPool(clip_dir, {t: models/f'clip-vit-tiny_{t}' for t in EIGHT_TASKS}, device='cpu')
+    mp = ModelPool(clip_dir, {t: models/f'clip-vit-tiny_{t}' for t in EIGHT_TASKS}, device=a.device)
     tp = TaskPool([Task(t, Path(a.datasets)/t) for t in EIGHT_TASKS])
     fuse_seed = P.seed if a.fuse_seed is None else a.fuse_seed   # the test streams' seed is MergeData's: the methods' own `seed` draws nothing here
     data = MergeData(mp, tp, seed=fuse_seed, max_test_samples=a.max_test_samples)
@@ -329,6 +356,9 @@ def main(argv=None):
     sub = ap.add_subparsers(dest='what', required=True)
     b = sub.add_parser('build'); b.add_argument('name'); b.add_argument('--clip-from'); b.add_argument('--scale', default='tiny')
     b.add_argument('--pretrain-only', action='store_true', help='no experts: `measure` then gives zero-shot only')
+    b.add_argument('--pretrain-schedule', choices=['constant', 'cosine'], default='constant',
+                   help="the pre-training's lr schedule: the package's constant lr, or warmup + cosine decay to 0 (CLIP's)")
+    b.add_argument('--warmup-steps', type=int, default=0, help='with --pretrain-schedule cosine: linear warmup steps')
     b.add_argument('--corpus', choices=list(CORPORA), default='package',
                    help="pretraining corpus: the package's, or 'digits-near' / 'cars-near' (SVHN and MNIST's, or Cars' renderings without the zoom-out on clutter)")
     for f, typ in FIELDS.items(): b.add_argument('--' + f.replace('_', '-'), type=typ)
@@ -346,6 +376,7 @@ def main(argv=None):
     for p in (b, m):
         p.add_argument('--scratch', default=str(SCRATCH)); p.add_argument('--datasets', default='/work/scratch-47/datasets')
         p.add_argument('--threads', type=int, default=1); p.add_argument('--seed', type=int, default=0)
+        p.add_argument('--device', default='cpu', help="where to train and merge ('cuda' on a GPU machine: other weights than the CPU's, same recipe)")
     ex = sub.add_parser('export', help="the builds NAME... (experts fine-tuned on the pinned CLIP) → data/paper_values/expert_spread_tiny.csv, which experiment 04 reads")
     ex.add_argument('names', nargs='+'); ex.add_argument('--extra', default='_extra', help="the suffix of each build's `--methods --rows … --suffix` file")
     a = ap.parse_args(argv)
