@@ -101,6 +101,9 @@ def cmd_build(a):
     from fusion_nb.tiny.tasks import EIGHT_TASKS
     near = use_corpus(a.corpus)
     cfg = replace(zoo_config(a.scale), **{f: getattr(a, f) for f in FIELDS if getattr(a, f) is not None})
+    if a.warmup_steps and a.pretrain_schedule == 'constant': raise SystemExit('--warmup-steps needs --pretrain-schedule cosine')
+    if not 0 <= a.warmup_steps < cfg.pretrain_steps:
+        raise SystemExit(f'--warmup-steps {a.warmup_steps}: must be in [0, {cfg.pretrain_steps}) (the pre-training steps)')
     out = Path(a.scratch)/a.name; out.mkdir(parents=True, exist_ok=True)
     timings, clip_dir = {}, out/'clip-vit-tiny'
     with deterministic(a.threads):
@@ -376,7 +379,7 @@ def main(argv=None):
     for p in (b, m):
         p.add_argument('--scratch', default=str(SCRATCH)); p.add_argument('--datasets', default='/work/scratch-47/datasets')
         p.add_argument('--threads', type=int, default=1); p.add_argument('--seed', type=int, default=0)
-        p.add_argument('--device', default='cpu', help="where to train and merge ('cuda' on a GPU machine: other weights than the CPU's, same recipe)")
+        p.add_argument('--device', default='cpu', help="where `build` trains and `measure --methods` merges ('cuda' on a GPU machine: other weights than the CPU's, same recipe); plain `measure` runs on the CPU")
     ex = sub.add_parser('export', help="the builds NAME... (experts fine-tuned on the pinned CLIP) → data/paper_values/expert_spread_tiny.csv, which experiment 04 reads")
     ex.add_argument('names', nargs='+'); ex.add_argument('--extra', default='_extra', help="the suffix of each build's `--methods --rows … --suffix` file")
     a = ap.parse_args(argv)
