@@ -3,7 +3,7 @@
 # fine-tuned (the eight experts) and merged (experiment 04's ten rows) on CUDA by bench/construction_paper000.py; what is done
 # comes back as $OUT/results.tgz (repacked every 20 s, so a run cut short still returns its finished builds), and each
 # pre-trained CLIP as $OUT/clip_NAME.tgz (so experts and rows can be finished on a CPU: `build NAME_ft --clip-from …`).
-# Three builds a call fit 10 minutes on an H200 (bench/construction_paper000.md, option (a)); six only pre-trained.
+# Three builds a call should fit 10 minutes on an H200 (estimated: bench/construction_paper000.md, option (a)); six only pre-trained.
 #
 #   bash bench/construction_paper000_device.sh "NAME:SCHEDULE:STEPS:WARMUP ..." "SEEDS" [SECONDS] ["SEEDS of a second wave"]
 #   e.g. bash bench/construction_paper000_device.sh "const8k:constant:8000:0 cos8k:cosine:8000:200" "0 1 2" 530 "3 4"
