@@ -24,6 +24,14 @@ MICRO_MODES = {'shapes': 'L', 'colors': 'RGB'}
 MICRO_SPLITS = {'train': 12, 'validation': 6, 'test': 12}
 MICRO_TEMPLATES = ['a photo of a {}.', 'a drawing of a {}.']
 
+def bench_module(name:str):
+    "Import `bench/<name>.py` (scripts, not a package) as a module, with bench/ on the path for the scripts it imports beside it."
+    import importlib.util, sys
+    if str(REPO/'bench') not in sys.path: sys.path.insert(0, str(REPO/'bench'))
+    spec = importlib.util.spec_from_file_location(name, REPO/'bench'/f'{name}.py')
+    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+    return m
+
 def micro_dataset(path, classes, mode='RGB', splits=MICRO_SPLITS, seed=0):
     "Save a DatasetDict of 32×32 images whose brightness depends on the label; return `path`."
     rng = np.random.default_rng(seed)

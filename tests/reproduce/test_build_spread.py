@@ -1,16 +1,9 @@
 "bench/build_spread.py's reading of one build's outputs: every table row's average, and every claim's difference (paper 003)."
-import importlib.util, sys
-from pathlib import Path
-
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import bench_module
 
-def _bench():
-    sys.path.insert(0, str(REPO/'bench'))   # build_spread imports reproduce_time beside it
-    spec = importlib.util.spec_from_file_location('build_spread', REPO/'bench'/'build_spread.py')
-    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
-    return m
+def _bench(): return bench_module('build_spread')   # it imports reproduce_time beside it
 
 def test_averages_and_claim_differences_of_one_build(tmp_path):
     (tmp_path/'04_x').mkdir(); (tmp_path/'30_y').mkdir()

@@ -1,16 +1,9 @@
 "bench/construction_paper000.py's pre-training schedule: CLIP's warm-up and cosine decay on the AdamW `pretrain_clip` creates, inside the block only."
-import importlib.util, sys
-from pathlib import Path
-
 import pytest, torch
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import bench_module
 
-def _bench():
-    sys.path.insert(0, str(REPO/'bench'))   # it imports diagnose_paper000 beside it
-    spec = importlib.util.spec_from_file_location('construction_paper000', REPO/'bench'/'construction_paper000.py')
-    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
-    return m
+def _bench(): return bench_module('construction_paper000')   # it imports diagnose_paper000 beside it
 
 def _lrs(steps):
     p = torch.nn.Parameter(torch.zeros(2)); opt = torch.optim.AdamW([p], lr=1e-3); out = []

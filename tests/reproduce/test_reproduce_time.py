@@ -1,13 +1,9 @@
 "bench/reproduce_time.py's replay of a finished run's experiment seconds under another order (issue 47: the run's time)."
-import importlib.util, json
-from pathlib import Path
+import json
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import bench_module
 
-def _bench():
-    spec = importlib.util.spec_from_file_location('reproduce_time', REPO/'bench'/'reproduce_time.py')
-    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
-    return m
+def _bench(): return bench_module('reproduce_time')
 
 def test_replay_takes_the_order_as_slots_free_up():
     replay = _bench().replay

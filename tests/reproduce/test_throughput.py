@@ -1,5 +1,5 @@
 "Evaluation throughput (one DataLoader per call, workers, autocast), its benchmark, and pinned hub revisions (issue 16)."
-import importlib.util, json
+import json
 from pathlib import Path
 
 import pytest, torch
@@ -11,9 +11,9 @@ from fusion_nb.evaluation import evaluate
 from fusion_nb.pools import PRETRAINED, ModelPool, TaskPool, load_split
 from fusion_nb.reproduce.profiles import load_profile, resolved_revisions
 from fusion_nb.reproduce.runner import reproduce
+from conftest import bench_module
 from test_reproduce import SETTINGS, project   # the scratch project of the runner's tests
 
-REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope='module')
 def pools(micro_project):
@@ -52,8 +52,7 @@ def test_autocast_evaluates_in_lower_precision(pools):
         evaluate({'m': PRETRAINED}, mp, tp, progress=False, autocast='fp8')
 
 def test_benchmark_runs_and_counts_every_image(micro_project, capsys):
-    spec = importlib.util.spec_from_file_location('eval_throughput', REPO/'bench'/'eval_throughput.py')
-    bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
+    bench = bench_module('eval_throughput')
     threads = torch.get_num_threads()
     out = bench.main(['--profile', 'micro-test', '--settings', str(micro_project/'settings.ini'), '--repeat', '1', '--workers', '0', '1'])
     printed = capsys.readouterr().out

@@ -1,6 +1,5 @@
 """Integration and bad-input tests of fusion_nb.robust.soups (paper 002 §4's soups, fast), beyond the notebook's own."""
-import importlib.util, random
-from pathlib import Path
+import random
 
 import pandas as pd
 import pytest
@@ -11,8 +10,8 @@ import fusion_nb.robust.soups as soups
 from fusion_nb.core import HyperparameterError, IncompatibleModelsError, UnknownNameError
 from fusion_nb.methods.soups import affine_grid, weighted_average
 from fusion_nb.robust.soups import SoupKitchen, evaluate_soups
+from conftest import bench_module
 
-REPO = Path(__file__).resolve().parents[2]
 
 def net(seed=0, width=6):
     torch.manual_seed(seed)
@@ -77,8 +76,7 @@ def test_repeated_soups_evaluated_once_and_csv(four, tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')]  # no temporary file left behind
 
 def test_throughput_bench_smoke(capsys):
-    spec = importlib.util.spec_from_file_location('soup_throughput', REPO / 'bench' / 'soup_throughput.py')
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    mod = bench_module('soup_throughput')
     t = mod.main(['--soups', '4', '--images', '4', '--batch', '4', '--repeat', '1', '--naive-soups', '2', '--width', '4'])
     assert set(t) == {'bare', 'inplace', 'naive', 'set', 'build'} and all(v > 0 for v in t.values())
     assert 'passes per soup' in capsys.readouterr().out
