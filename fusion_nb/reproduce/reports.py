@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from ..core import atomic_write, atomic_write_text, project_root
+from ..core import UnknownNameError, atomic_write, atomic_write_text, project_root
 from ..evaluation import method_task_table   # records → table is the spine's; the papers' tables use it
 import fusion_nb
 
@@ -152,7 +152,7 @@ def load_build_spread(profile:str='tiny', root:str|Path|None=None,
                      )->tuple[pd.DataFrame, dict[str, str]]:
     "(averages per build: one row per experiment, table and row, a column per seed; zoo → the recipe it was measured on); empty without one."
     import re
-    if kind not in ('build', 'expert'): raise ValueError(f"kind must be 'build' or 'expert', not {kind!r}")
+    if kind not in ('build', 'expert'): raise UnknownNameError(f"unknown spread kind {kind!r}. Known: build, expert")
     f = Path(root or project_root())/'data'/'paper_values'/f'{kind}_spread_{profile}.csv'
     if not f.exists(): return pd.DataFrame(), {}
     header = f.read_text(encoding='utf-8').split('\n', 1)[0]   # '… zoo recipe <digest>, llava zoo recipe <digest> …'
