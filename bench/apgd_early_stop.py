@@ -43,7 +43,7 @@ def main(argv=None)->int:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     old, P = before_module(), load_profile('tiny'); E = P.extra
-    zoo = load_zoo(robust_zoo(zoo_dir(P.root, P.name, 'cifar10'), 'cifar10', zoo_specs('cifar10', E['robust_bases'].split()), profile_budget(E), progress=False))
+    zoo = load_zoo(robust_zoo(zoo_dir(P.root, P.name, 'cifar10'), 'cifar10', zoo_specs('cifar10', E['robust_bases'].split()), profile_budget(E, 'cifar10'), progress=False))
     T = standin_set(*standin('cifar10', 'test', int(E['robust_eval_images'])))
     K = SoupKitchen(next(iter(zoo.values())), zoo)
     attacks = {t['norm']: dict(t, steps=int(E['robust_eval_steps'])) for t in standin_attacks('cifar10')}

@@ -36,8 +36,7 @@ from fusion_nb.robust.zoo import load_zoo, profile_budget, robust_zoo, zoo_dir, 
 from fusion_nb.robust.soups import SoupKitchen
 from fusion_nb.robust.paper_data import standin_set, to_input
 P = load_profile('tiny'); E = P.extra
-budget = profile_budget(E)
-def zoo(ds): return load_zoo(robust_zoo(zoo_dir(P.root, P.name, ds), ds, zoo_specs(ds, E['robust_bases'].split() if ds == 'cifar10' else None), budget, progress=False))
+def zoo(ds): return load_zoo(robust_zoo(zoo_dir(P.root, P.name, ds), ds, zoo_specs(ds, E['robust_bases'].split() if ds == 'cifar10' else None), profile_budget(E, ds), progress=False))
 """
 
 WORKLOADS = {

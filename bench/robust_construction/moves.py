@@ -22,7 +22,7 @@ if {'-h', '--help'} & set(sys.argv[1:]) or len(sys.argv) < 2: print(__doc__); sy
 
 dataset = sys.argv[1]
 N, S = (int(a) for a in (sys.argv[2:] + ['300', '20'][len(sys.argv) - 2:])[:2])
-P = load_profile('tiny'); b = Z.profile_budget(P.extra)
+P = load_profile('tiny'); b = Z.profile_budget(P.extra, dataset)
 xt, yt = Z.standin(dataset, 'test', N)
 specs = Z.zoo_specs(dataset, P.extra.get('robust_bases', 'linf l2 l1').split())   # the bases the profile trains, as experiment 20
 folder = Z.robust_zoo(Z.zoo_dir(P.root, 'tiny', dataset), dataset, specs, b, progress=False)

@@ -50,7 +50,7 @@ mode = sys.argv[1]
 N, S = opt('images', 300), opt('steps', 20)
 xt, yt = Z.standin('imagenet', 'test', N)
 P = load_profile('tiny')
-b = Z.profile_budget(P.extra)
+b = Z.profile_budget(P.extra, 'imagenet')
 if mode == 'zoo':
     N, S = (int(a) for a in (sys.argv[2:] + ['300', '20'][len(sys.argv) - 2:])[:2])
     xt, yt = Z.standin('imagenet', 'test', N)

@@ -117,9 +117,14 @@ class ZooBudget:
 PROFILE_BUDGET_KEYS = {'n_train': 'robust_train_images', 'width': 'robust_width', 'epochs': 'robust_epochs',
                        'finetune_epochs': 'robust_finetune_epochs', 'attack_steps': 'robust_attack_steps', 'batch_size': 'robust_batch_size'}
 
-def profile_budget(values:Mapping)->ZooBudget:
-    "The zoo budget of a profile's `robust_*` values (strings as settings.ini gives them, or numbers)."
-    b = {field: int(values[key]) for field, key in PROFILE_BUDGET_KEYS.items()}
+def profile_budget(values:Mapping, # a profile's `robust_*` values (strings as settings.ini gives them, or numbers)
+                   dataset:str, # the stand-in whose zoo it is: 'cifar10' or 'imagenet'
+                  )->ZooBudget:
+    "The zoo budget of one stand-in from a profile's `robust_*` values; the ImageNet stand-in's bases train `robust_epochs_imagenet` epochs."
+    keys = {**PROFILE_BUDGET_KEYS, **({'epochs': 'robust_epochs_imagenet'} if _check_dataset(dataset) == 'imagenet' else {})}
+    missing = [k for k in keys.values() if k not in values]
+    if missing: raise HyperparameterError(f"the profile sets no {', '.join(missing)} (the robust zoo's budget for {dataset})")
+    b = {field: int(values[key]) for field, key in keys.items()}
     return ZooBudget(**{**b, 'attack_steps': b['attack_steps'] or None})   # 0: App. A.1's steps
 
 # %% ../../nbs/robust/53_zoo.ipynb #58352227
@@ -140,7 +145,9 @@ def _recipes(dataset, specs, b:ZooBudget)->dict[str, str]:
     out = {}
     for s in specs:
         if s.start is not None and s.start not in out: raise HyperparameterError(f"{s.name!r} starts from {s.start!r}, which is not declared before it")
-        out[s.name] = json_digest({**base, 'spec': asdict(s), 'start': out.get(s.start)})
+        # App. A.1's rate factors are a table code_digest does not read: a model's rate joins its recipe where it is not the budget's
+        lr = peak_lr(s, dataset, b.lr)
+        out[s.name] = json_digest({**base, 'spec': asdict(s), 'start': out.get(s.start), **({'peak_lr': lr} if lr != b.lr else {})})
     return out
 
 # %% ../../nbs/robust/53_zoo.ipynb #f0194a85
