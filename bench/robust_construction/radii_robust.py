@@ -23,7 +23,9 @@ Nothing is written (the `zoo` mode restores the pinned zoo under data/tiny when 
 Measured 2026-12-02 (one thread, beside other jobs): `zoo 300 20` on the ×4 zoo (θ∞ 95.7 % clean, 88.7 % ℓ∞: 0.93) and
 on the ×8 zoo (θ∞ 93.0 % clean, 60.7 % ℓ∞: 0.65); `train 16` (θ∞ 73.3 % clean, 0.3 % ℓ∞: 0.00; 155 s);
 `cost <×4 pins> 300 20`: the ×8 zoo's attacks take 58.7 s against the ×4 zoo's 73.1 s (0.80: more examples fall early).
-Results: nbs/robust/53_zoo.ipynb (the rule) and nbs/experiments/20_robust_fronts.ipynb (the claims table)."""
+Results: nbs/robust/53_zoo.ipynb (the rule) and nbs/experiments/20_robust_fronts.ipynb (the claims table).
+Those runs trained θ∞ for 80 epochs; since 2026-12-04 the ImageNet stand-in's budget is 160 (`robust_epochs_imagenet`),
+which `train` now uses."""
 import sys, time, torch
 torch.set_num_threads(1)
 from fusion_nb.core import seed_everything
