@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 from fusion_nb.robust.attacks import apgd
 from fusion_nb.robust.zoo import ModelSpec, ZooBudget, load_zoo, model_name, standin, standin_attacks, train_model
-from fusion_nb.robust import zoo as robust_zoo_module
 from fusion_nb.tiny.zoo import deterministic
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,8 +48,9 @@ torch.set_num_threads(1)
 folder = Path('data/tiny/robust/imagenet')
 if not (folder/'manifest.json').is_file():
     sys.exit(f"{folder} holds no robust zoo: build it first (fusion-nb reproduce --profile tiny --only 21_robust_shifts)")
-b = ZooBudget(**json.loads((folder/'manifest.json').read_text())['budget'])
-x, y = standin('imagenet', 'train', b.n_train, b.seed); xt, yt = standin('imagenet', 'test', 300)
+man = json.loads((folder/'manifest.json').read_text()); b = ZooBudget(**man['budget'])
+x, y = standin('imagenet', 'train', b.n_train, man.get('data_seed', b.seed))   # another build's zoo trains on the pins' images
+xt, yt = standin('imagenet', 'test', 300)
 att = {a['norm']: a for a in standin_attacks('imagenet', steps=20)}
 ev = lambda m, xx=xt, yy=yt: {k: round(apgd(m, xx, yy, k, a['eps'], steps=20, loss=a['loss'], seed=0).accuracy * 100, 1) for k, a in att.items()}
 if args.build_seed is None and args.epochs is None: base, b_run = load_zoo(folder, ['theta_linf'])['theta_linf'], b
@@ -59,15 +59,10 @@ else:
     with deterministic(b_run.threads): base = train_model(ModelSpec('theta_linf', ('linf',)), 'imagenet', x, y, b_run)
 out = {'build_seed': b_run.seed, 'budget': vars(b_run), 'theta_linf': ev(base), 'theta_linf on 300 training images': ev(base, x[:300], y[:300])}
 print('build seed', b_run.seed, 'epochs', b_run.epochs, '| theta_linf', out['theta_linf'], '| on 300 of its training images', out['theta_linf on 300 training images'], flush=True)
-for scale in args.scales:
-    # the bench's own rate: FINETUNE_LR_SCALE is the zoo's table of App. A.1's factors, patched here for every ImageNet fine-tune
-    saved = dict(robust_zoo_module.FINETUNE_LR_SCALE)
-    robust_zoo_module.FINETUNE_LR_SCALE.update({('imagenet', 'linf', q): scale for q in ('linf', 'l2', 'l1')})
-    try:
-        for q in ('linf', 'l2', 'l1'):
-            with deterministic(b_run.threads): m = train_model(ModelSpec(model_name('linf', q), (q,), 'theta_linf'), 'imagenet', x, y, b_run, base)
-            out[f'scale {scale}: theta_linf_to_{q}'] = r = ev(m)
-            print(f'scale {scale}: theta_linf_to_{q}' + (' (control)' if q == 'linf' else ''), r, flush=True)
-    finally:
-        robust_zoo_module.FINETUNE_LR_SCALE.clear(); robust_zoo_module.FINETUNE_LR_SCALE.update(saved)
+for scale in args.scales:   # a fine-tune's peak rate is the budget's `lr` (App. A.1 scales none on ImageNet): scaled through the budget
+    b_ft = replace(b_run, lr=b_run.lr * scale)
+    for q in ('linf', 'l2', 'l1'):
+        with deterministic(b_ft.threads): m = train_model(ModelSpec(model_name('linf', q), (q,), 'theta_linf'), 'imagenet', x, y, b_ft, base)
+        out[f'scale {scale}: theta_linf_to_{q}'] = r = ev(m)
+        print(f'scale {scale}: theta_linf_to_{q}' + (' (control)' if q == 'linf' else ''), r, flush=True)
 if args.json: Path(args.json).write_text(json.dumps(out, indent=1) + '\n')
