@@ -139,9 +139,9 @@ def _recipes(dataset, specs, b:ZooBudget)->dict[str, str]:
     from fusion_nb.tiny import tasks
     names = [s.name for s in specs]
     if len(set(names)) < len(names): raise HyperparameterError(f"a model is declared twice in {names}")
-    # the radii are part of the recipe: standin_eps is not in the digested code
+    # the radii are part of the recipe: standin_eps is not in the digested code; every function on the training path is
     base = {'dataset': dataset, 'budget': asdict(b), 'eps': {n: standin_eps(dataset, n) for n in NORMS},
-            'code': code_digest(attacks, models, tasks, train_model, peak_lr)}
+            'code': code_digest(attacks, models, tasks, train_model, peak_lr, train_epochs, standin)}
     out = {}
     for s in specs:
         if s.start is not None and s.start not in out: raise HyperparameterError(f"{s.name!r} starts from {s.start!r}, which is not declared before it")
