@@ -52,7 +52,10 @@ P = load_profile('tiny'); b = Z.profile_budget(P.extra, dataset)
 pinned_budget, b = b, replace(b, finetune_epochs=E or b.finetune_epochs, lr=b.lr * (LRS or 1))
 specs = Z.zoo_specs(dataset, P.extra.get('robust_bases', 'linf l2 l1').split())
 folder = Z.robust_zoo(Z.zoo_dir(P.root, 'tiny', dataset), dataset, specs, pinned_budget, progress=False)
-fts = [s for s in specs if len(s.norms) == 1 and s.eps_factor == 1 and (s.name in only if only else s.start)]
+one_threat = {s.name for s in specs if len(s.norms) == 1 and s.eps_factor == 1}   # scored in their own threat model
+if (bad := [n for n in only if n not in one_threat]):
+    sys.exit(f"not a model of the {dataset} zoo trained against one threat model at its radius: {', '.join(bad)}. Models: {', '.join(sorted(one_threat))}")
+fts = [s for s in specs if s.name in (only or one_threat) and (only or s.start)]
 x, y = Z.standin(dataset, 'train', b.n_train, b.seed)
 xv, yv = Z.standin(dataset, 'validation', NV); xt, yt = Z.standin(dataset, 'test', NT)
 test_attacks = {a['norm']: a for a in Z.standin_attacks(dataset, NORMS, steps=S)}
@@ -91,7 +94,7 @@ t0 = time.time()
 for s in fts:
     pinned = Z.load_zoo(folder, [n for n in (s.start, s.name) if n])
     with deterministic(b.threads): model, val = train_with_checkpoints(s, pinned[s.start] if s.start else None)
-    same = all(torch.equal(v, pinned[s.name].state_dict()[k]) for k, v in model.state_dict().items())
+    same = 'not compared (--epochs / --lr-scale)' if E or LRS else all(torch.equal(v, pinned[s.name].state_dict()[k]) for k, v in model.state_dict().items())
     best = max(range(len(val)), key=lambda e: (val[e][0], e))
     p, q = (s.start or '').removeprefix('theta_'), s.norms[0]
     print(f'{s.name} (peak lr {Z.peak_lr(s, dataset, b.lr)}): last epoch equals the pinned model: {same}; '

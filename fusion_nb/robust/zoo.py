@@ -139,7 +139,8 @@ def _recipes(dataset, specs, b:ZooBudget)->dict[str, str]:
     from fusion_nb.tiny import tasks
     names = [s.name for s in specs]
     if len(set(names)) < len(names): raise HyperparameterError(f"a model is declared twice in {names}")
-    # the radii are part of the recipe: standin_eps is not in the digested code; every function on the training path is
+    # the radii are part of the recipe: standin_eps is not in the digested code; the zoo's own training functions are (the shared
+    # helpers seed_everything and tiny.zoo.deterministic are not: an edit of either needs a re-key by hand)
     base = {'dataset': dataset, 'budget': asdict(b), 'eps': {n: standin_eps(dataset, n) for n in NORMS},
             'code': code_digest(attacks, models, tasks, train_model, peak_lr, train_epochs, standin)}
     out = {}
