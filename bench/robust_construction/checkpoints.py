@@ -7,7 +7,7 @@ Names: the zoo's models (default: its single-threat-model fine-tunes; a base suc
 `robust_epochs` with the step schedule, so it takes minutes).
 
 `--epochs E` trains the fine-tunes E epochs instead of the profile's `robust_finetune_epochs`, and `--lr-scale F` every
-model at F times its peak rate (App. A.1's factors kept); with either the last epoch is not the pinned model, and is
+model at F times its peak rate (the zoo's rate factors kept); with either the last epoch is not the pinned model, and is
 attacked as it comes out (fine-tunes still start from the pinned bases).
 
 Paper 002, App. A.1 (CIFAR-10): "We select checkpoints according to robustness on a validation set as suggested by [37]"
@@ -16,12 +16,11 @@ script asks what the paper's procedure would change, fine-tune by fine-tune: the
 training steps, the fine-tune's own threat model, `val_images` of the stand-in's validation split) of each epoch's
 checkpoint, the epoch selection picks (highest validation robustness; the last on ties), and that checkpoint's clean and
 ℓ∞ / ℓ2 / ℓ1 robust accuracy on `test_images` test images (APGD `steps`, the experiment's losses and radii) beside the last
-epoch's. The training loop is `fusion_nb.robust.models.adversarial_train`'s, step for step, with a hook after each epoch
-(the package's own function has none: adding one would change the digested code and re-key every robust model); the
-last epoch is checked to equal the pinned model bit for bit, so the checkpoints are those of the zoo's own training.
+epoch's. The models are trained by the zoo's own `train_model`, each epoch's checkpoint kept by its `on_epoch` hook; the last
+epoch is checked to equal the pinned model bit for bit, so the checkpoints are those of the zoo's own training.
 Nothing is written. The zoo is data/tiny/robust/<dataset> (restored from pins/ when absent).
 
-Measured 2026-12-04 on the pinned CIFAR-10 zoo (one thread, beside other jobs; quoted in nbs/experiments/20_robust_fronts.ipynb,
+Measured 2026-12-04 on the pinned CIFAR-10 zoo of that day, θ1→2 at App. A.1's 0.5 (one thread, beside other jobs; quoted in nbs/experiments/20_robust_fronts.ipynb,
 after "Why (check) fails on CIFAR-10"): `cifar10` (421 s): the last epoch equals the pinned model for all six fine-tunes;
 selection keeps it for five, θ1→∞ epoch 3 of 4 (one validation image ahead); θ1→2's validation ℓ2 13.3, 37.0, 43.0, 45.3,
 so it keeps the failing last epoch. `cifar10 theta_l1_to_l2 --epochs 10` (118 s): ℓ2 52.3 on test against θ1's 55.7.
@@ -29,15 +28,13 @@ so it keeps the failing last epoch. `cifar10 theta_l1_to_l2 --epochs 10` (118 s)
 (62.3 → 62.0). `cifar10 theta_linf theta_l2 theta_l1`: θ∞ selected at epoch 59 of 80 (test ℓ∞ 51.0, as the last), θ2 at 54
 (test ℓ2 65.7 against 67.0); θ1 stopped unfinished.
 """
-import math, sys, time, torch
+import sys, time, torch
 from dataclasses import replace
-import torch.nn.functional as F
 torch.set_num_threads(1)
-from fusion_nb.core import seed_everything
 from fusion_nb.reproduce.profiles import load_profile
 from fusion_nb.robust import zoo as Z
 from fusion_nb.robust.attacks import NORMS, apgd
-from fusion_nb.robust.models import convnet, lr_at, perturb_batch, training_attacks
+from fusion_nb.robust.models import convnet, training_attacks
 from fusion_nb.tiny.zoo import deterministic
 if {'-h', '--help'} & set(sys.argv[1:]) or len(sys.argv) < 2: print(__doc__); sys.exit(0)   # after the imports: --help checks them
 
@@ -67,28 +64,13 @@ def score(m):
     return {k: round(v, 1) for k, v in out.items()}
 
 def train_with_checkpoints(spec, start):
-    "train_model + adversarial_train's loop, the validation robustness of each epoch's checkpoint recorded."
-    seed_everything(b.seed); model = convnet(b.width, Z.STANDINS[dataset])
-    if start is not None: model.load_state_dict(start.state_dict())
+    "train_model, the validation robustness of each epoch's checkpoint recorded (App. A.1's training attack, the model's own threat model)."
     eps = {n: Z.standin_eps(dataset, n) * spec.eps_factor for n in spec.norms}
-    attacks = training_attacks(list(spec.norms), dataset, eps, b.attack_steps)
-    seed, lr, epochs = b.seed + (1 if spec.start else 0), Z.peak_lr(spec, dataset, b.lr), Z.train_epochs(spec, b)
-    schedule = 'cosine' if spec.start else 'step'
-    g, draw = seed_everything(seed), torch.Generator().manual_seed(seed)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
-    per_epoch = math.ceil(len(x) / b.batch_size); total = epochs * per_epoch; val = []
-    for e in range(epochs):
-        order = torch.randperm(len(x), generator=g)
-        for i in range(per_epoch):
-            idx = order[i * b.batch_size:(i + 1) * b.batch_size]; xb, yb = x[idx], y[idx]
-            model.eval(); xb = perturb_batch(model, xb, yb, attacks, 'max', seed + e * per_epoch + i, draw)
-            model.train()
-            for grp in opt.param_groups: grp['lr'] = lr_at(e * per_epoch + i, total, lr, schedule)
-            opt.zero_grad(); F.cross_entropy(model(xb), yb).backward(); opt.step()
-        model.eval(); a = attacks[0]   # validation: App. A.1's training attack, the fine-tune's own threat model
-        rob = apgd(model, xv, yv, a['norm'], a['eps'], steps=a['steps'], loss=a['loss'], seed=0).accuracy * 100
+    a = training_attacks(list(spec.norms), dataset, eps, b.attack_steps)[0]; val = []
+    def record(epoch, model):
+        rob = apgd(model.eval(), xv, yv, a['norm'], a['eps'], steps=a['steps'], loss=a['loss'], seed=0).accuracy * 100
         val.append((round(rob, 1), {k: v.clone() for k, v in model.state_dict().items()}))
-    return model, val
+    return Z.train_model(spec, dataset, x, y, b, start, on_epoch=record), val
 
 t0 = time.time()
 for s in fts:

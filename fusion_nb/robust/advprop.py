@@ -111,7 +111,7 @@ def advprop_model(folder:str|Path, # e.g. zoo_dir(root, profile, 'imagenet').wit
     from fusion_nb.tiny import tasks
     if dataset not in STANDINS: raise UnknownNameError(f"unknown dataset {dataset!r}: expected one of {', '.join(STANDINS)}")
     folder, eps, steps = Path(folder), standin_eps(dataset, 'linf'), attack_budget(dataset, 'linf', 'train')['steps']   # App. A.1: 2 on ImageNet
-    recipe = json_digest({'dataset': dataset, 'budget': asdict(budget), 'eps': eps, 'steps': steps, 'code': code_digest(me, attacks, models, tasks, standin)})   # the stand-in data and attack code too, as the zoo's recipes
+    recipe = json_digest({'dataset': dataset, 'budget': asdict(budget), 'eps': eps, 'steps': steps, 'code': code_digest(me, attacks, models, tasks, standin, seed_everything, deterministic)})   # the stand-in data, attack code and seeding too, as the zoo's recipes
     def build(name):
         x, y = standin(dataset, 'train', budget.n_train, budget.seed)
         seed_everything(budget.seed); m = dual_convnet(budget.width, STANDINS[dataset])

@@ -113,6 +113,7 @@ def adversarial_train(model:nn.Module, # trained in place
                       weight_decay:float=5e-4, # not given by the paper; the usual CIFAR-10 value
                       seed:int=0, # shuffling and attack seed
                       progress:bool=False, # progress bar over epochs
+                      on_epoch=None, # called as on_epoch(epoch, model) after each epoch, e.g. to keep checkpoints (App. A.1 selects one)
                      )->nn.Module:
     "Train `model` on the worst-case ℓp perturbation of each batch found by APGD (paper 002, eq. 2; MAX / SAT for several); return it."
     attacks = training_attacks(norm, dataset, eps, attack_steps)
@@ -130,4 +131,5 @@ def adversarial_train(model:nn.Module, # trained in place
             model.train()
             for grp in opt.param_groups: grp['lr'] = lr_at(e * per_epoch + b, total, lr, schedule)
             opt.zero_grad(); F.cross_entropy(model(xb), yb).backward(); opt.step()
+        if on_epoch is not None: on_epoch(e, model)
     return model.eval()
