@@ -5,6 +5,7 @@
     python bench/build_spread.py --profile tiny --only 40 --seeds 1 2 --papermill   # paper 004: its LLaVA zoo reseeded, not the benchmark's
     python bench/build_spread.py --profile tiny --only 10 --seeds 1 2     # paper 001: the benchmark's zoo, the half experts, the second backbone
     python bench/build_spread.py --profile tiny --only 20 21 --seeds 1 2 --papermill   # paper 002: its robust zoo reseeded, not the benchmark's
+    python bench/build_spread.py --profile tiny --only 20 --seeds 1 2 --papermill --root R --reuse --keep-rows 21 --note "…"   # the robust zoo re-keyed, 21's inputs unchanged
     python bench/build_spread.py --profile tiny --only 04 10 --seeds 2 --root R --reuse --keep-pinned   # seed 2's outputs already in R/spread/seed2
                                                                           # (FUSION_NB_BUILD_SEED=2 fusion-nb reproduce … --output-root R/spread/seed2):
                                                                           # seeds 0 and 1 stay the file's, nothing of the pins is rerun
@@ -20,11 +21,13 @@ second backbone (experiment 10) and paper 002's robust zoo (experiments 20 and 2
 001's half experts are fine-tuned again from the reseeded CLIP (their recipe names its weights), with their own seed kept
 (it also draws the halves the experiment reads); paper 002's AdvProp model (one row of experiment 21's Table 1) is not
 reseeded (its recipe digests its own module). Rows of experiments not run are kept while they were measured on the same
-benchmark zoo, or on a zoo of their own (20, 21, 40); seeds measured before on the same zoo add up with this run's
+benchmark zoo, or on a zoo of their own (20, 21, 40) that this run did not re-key (`--keep-rows` keeps them anyway, where
+their inputs' bytes did not change: `--note` says why); seeds measured before on the same zoo add up with this run's
 (`--seeds 1` now, `--seeds 2` later: three builds).
 """
 from __future__ import annotations
 import argparse, json, os, re, subprocess, sys, time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -109,19 +112,26 @@ def split_runs(text:str)->list[str]:
         if depth == 0 and text.startswith('; ', i): out.append(text[start:i]); start = i + 2
     return [*out, text[start:]]
 
-def merge_previous(out:Path, table:pd.DataFrame, recipes:dict, only:list[str])->tuple[pd.DataFrame, dict, list[str]]:
+def merge_previous(out:Path, table:pd.DataFrame, recipes:dict, only:list[str],
+                   keep_rows:Sequence[str]=())->tuple[pd.DataFrame, dict, list[str]]:
     """This run's table merged with the file it replaces: rows of other experiments are kept (with the runs that measured them)
-    when they were measured on the same benchmark zoo, or read a zoo of their own (`OWN_ZOO`); for this run's experiments, the
-    seeds measured before on the same zoo and not run now are kept beside this run's (so seeds add up over runs)."""
+    when they were measured on the same benchmark zoo, or read a zoo of their own (`OWN_ZOO`) whose recipe this run did not
+    change (`recipes` holds the own zoos' recipes this run measured on); for this run's experiments, the seeds measured before
+    on the same zoos and not run now are kept beside this run's (so seeds add up over runs). `keep_rows`: experiments whose
+    rows stay although their own zoo was re-keyed (the caller knows their inputs' bytes did not change, and says so)."""
     old_head = out.read_text().split('\n', 1)[0]
     old_recipes = dict(re.findall(r'([a-z][a-z ]*?) recipe ([0-9a-f]+)', old_head))
     old = pd.read_csv(out, comment='#')
     same = old_recipes.get('zoo') == recipes['zoo']
+    rebuilt = {k for k, v in recipes.items() if k != 'zoo' and k in old_recipes and old_recipes[k] != v}   # own zoos this run changed
+    stale = lambda e: own_zoo(e) in rebuilt and e[:2] not in keep_rows
     experiments = set(table.experiment)
     keep = old[~old.experiment.isin(experiments)]
     if not same: keep = keep[keep.experiment.map(own_zoo).notna()]   # measured on another benchmark zoo: dropped, not mislabelled
+    keep = keep[~keep.experiment.map(stale).astype(bool)]   # measured on another of its own zoo: dropped too
     seeds_now = seed_columns(table)
-    before = old[old.experiment.isin(experiments)].set_index(['experiment', 'table', 'row']) if same else pd.DataFrame()
+    mine = old.experiment.isin(experiments) & ~old.experiment.map(lambda e: own_zoo(e) in rebuilt).astype(bool)   # no seed of another own zoo
+    before = old[mine].set_index(['experiment', 'table', 'row']) if same else pd.DataFrame()
     extra = [c for c in seed_columns(before) if c not in seeds_now and before[c].notna().any()]
     if extra:   # seeds of an earlier run on this zoo, beside this run's
         now = table.set_index(['experiment', 'table', 'row'])[seeds_now]
@@ -130,13 +140,14 @@ def merge_previous(out:Path, table:pd.DataFrame, recipes:dict, only:list[str])->
     table = pd.concat([keep, table], ignore_index=True)
     table = table[['experiment', 'table', 'row', *seed_columns(table), 'min', 'max', 'spread']]
     kept_zoos = {own_zoo(e) for e in keep.experiment} - {None}
-    recipes |= {k: v for k, v in old_recipes.items() if k != 'zoo' and (same or k in kept_zoos)}
+    recipes = {**{k: v for k, v in old_recipes.items() if k != 'zoo' and (same or k in kept_zoos)}, **recipes}   # this run's win
     runs = split_runs(old_head.split('runs: ', 1)[-1]) if 'runs: ' in old_head else \
            [f"{old_head.split('; ')[1]} ({old_head.split('; ')[2]})"]   # the first file's layout
     def kept(run:str)->bool:
         ran = run_only(run)
         if not ran: return same or any(z in run.lower() for z in kept_zoos)   # a note on a zoo (a re-key, a rebuild)
         if not same: return all(own_zoo(e) for e in ran) and not set(ran) & set(only)
+        if all(e in only or (own_zoo(e) in rebuilt and e not in keep_rows) for e in ran) and not extra: return False   # none of its rows left
         return ran != only or bool(extra)   # the same experiments: kept while seeds it measured are kept
     return table, recipes, [r for r in runs if kept(r)]
 
@@ -150,6 +161,9 @@ def main(argv=None)->int:
     ap.add_argument('--reuse', action='store_true', help="read the seeds' outputs a previous run left in the copy (--root) instead of running")
     ap.add_argument('--keep-pinned', action='store_true', help="seed 0's values are the file's (measured on the pins' zoo, which is checked): "
                     "only --seeds are run or read; with --reuse, adds a seed to the file without running the pinned build's experiments again")
+    ap.add_argument('--keep-rows', nargs='+', default=[], metavar='EXP', help="experiments (20, 21, 40) whose rows stay although this run "
+                    "re-keyed their own zoo: only where their inputs' bytes did not change; give the reason with --note")
+    ap.add_argument('--note', default='', help="a sentence for the header's runs (why rows were kept, how the seeds ran)")
     ap.add_argument('--papermill', action='store_true', help="run the notebooks with papermill, not `fusion-nb reproduce`: for experiments "
                     "that build their own zoo (40), the benchmark's is then not retrained for each seed")
     a = ap.parse_args(argv)
@@ -168,6 +182,7 @@ def main(argv=None)->int:
         from fusion_nb.reproduce.profiles import load_profile
         threads = max(1, int(load_profile(a.profile, root/'settings.ini').cpus_per_experiment))
     if a.keep_pinned and a.papermill: ap.error('--keep-pinned reads the `fusion-nb reproduce` runs (not --papermill)')
+    if a.keep_rows and not a.note: ap.error('--keep-rows needs --note: why those rows still hold for the re-keyed zoo')
     for s in [*a.seeds, *([] if a.keep_pinned else [0])]:   # the pinned build last: the copy is left as the checkout builds it
         env = env_for(root, threads); env.pop('FUSION_NB_BUILD_SEED', None)
         if s: env['FUSION_NB_BUILD_SEED'] = str(s)
@@ -200,19 +215,19 @@ def main(argv=None)->int:
     this_run = (f"python bench/build_spread.py --profile {a.profile} --only {' '.join(a.only)} --seeds {' '.join(map(str, a.seeds))}{' --papermill' if a.papermill else ''}"
                 + (f" (outputs of an earlier run reused: {total:.0f} s of experiments, builds not timed)" if a.reuse and not a.papermill else f" ({total:.0f} s)"))
     recipes, runs_before = {'zoo': manifest['recipes']['zoo']}, []
-    if out.exists():
-        table, recipes, runs_before = merge_previous(out, table, recipes, a.only)
-        table = table.drop(columns=[c for c in seed_columns(table) if table[c].isna().all()])   # a seed column only the dropped rows (another zoo) filled
-    if a.keep_pinned and ('seed 0' not in table.columns or table.loc[table.experiment.isin(set().union(*(runs[s].experiment for s in a.seeds))), 'seed 0'].isna().any()):
-        print("--keep-pinned: the file holds no seed 0 for some of this run's rows (another zoo, or not measured): nothing written"); return 1
     llava = sorted((root/'data'/a.profile/'llava').glob('zoo-*/recipe.json'))
     seed0 = [p.parent.name.removeprefix('zoo-') for p in llava if 'seed' not in json.loads(p.read_text())['recipe']]
     if seed0 and any(e.startswith('40') for e in a.only): recipes['llava zoo'] = seed0[0]
     if any(e.startswith(('20', '21')) for e in a.only):   # paper 002's zoo of seed 0: the one the pins hold
         from fusion_nb.robust.zoo import zoo_digest
         recipes['robust zoo'] = zoo_digest(root, a.profile, pinned=True)
+    if out.exists():
+        table, recipes, runs_before = merge_previous(out, table, recipes, a.only, a.keep_rows)
+        table = table.drop(columns=[c for c in seed_columns(table) if table[c].isna().all()])   # a seed column only the dropped rows (another zoo) filled
+    if a.keep_pinned and ('seed 0' not in table.columns or table.loc[table.experiment.isin(set().union(*(runs[s].experiment for s in a.seeds))), 'seed 0'].isna().any()):
+        print("--keep-pinned: the file holds no seed 0 for some of this run's rows (another zoo, or not measured): nothing written"); return 1
     header = (f"# build spread, profile {a.profile}: " + ', '.join(f"{k} recipe {v}" for k, v in recipes.items())
-              + f" (seed 0 = the pins), training seeds {seeds_in(table)}; runs: " + '; '.join([*runs_before, this_run]) + "\n")
+              + f" (seed 0 = the pins), training seeds {seeds_in(table)}; runs: " + '; '.join([*runs_before, this_run + (f': {a.note}' if a.note else '')]) + "\n")
     out.write_text(header + table.to_csv(index=False))
     print(table.to_string(index=False)); print(f"\nwritten: {out}")
     return 0

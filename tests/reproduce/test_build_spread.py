@@ -94,3 +94,20 @@ def test_a_row_only_earlier_seeds_measured_is_kept(tmp_path):
     table, _, _ = m.merge_previous(out, now, {'zoo': 'c0de'}, ['04'])
     r = table.set_index('row')
     assert list(r.index) == ['b', 'a'] and r.loc['a', 'spread'] == 2.0 and pd.isna(r.loc['a', 'seed 2']) and r.loc['b', 'spread'] == 5.0
+
+def test_a_rebuilt_own_zoo_drops_its_rows_unless_kept_on_purpose(tmp_path):
+    "The robust zoo re-keyed (experiments 20 and 21 read it): rows and seeds measured on the old one go, unless named in keep_rows."
+    m = _bench(); out = tmp_path/'spread.csv'
+    rows = [dict(experiment=e, table='findings', row='x', **{'seed 0': 1.0, 'seed 1': 0.0, 'seed 2': 1.0}, min=0.0, max=1.0, spread=1.0)
+            for e in ['20_robust_fronts', '21_robust_shifts']]
+    runs = ['python bench/build_spread.py --profile tiny --only 20 21 --seeds 1 2 --papermill (9 s)']
+    _spread_file(out, 'c0de', rows, runs)   # its robust zoo recipe: cd34
+    now = m.spread_table({s: pd.DataFrame([dict(experiment='20_robust_fronts', table='findings', row='x', value=1.0)]) for s in (0, 1)})
+    table, recipes, kept_runs = m.merge_previous(out, now, {'zoo': 'c0de', 'robust zoo': 'ef56'}, ['20'])
+    got = table.set_index('experiment')
+    assert list(got.index) == ['20_robust_fronts'] and pd.isna(got.loc['20_robust_fronts', 'seed 2'])   # no seed of the old zoo mixed in
+    assert recipes['robust zoo'] == 'ef56' and kept_runs == []
+    table, recipes, kept_runs = m.merge_previous(out, now, {'zoo': 'c0de', 'robust zoo': 'ef56'}, ['20'], keep_rows=['21'])
+    assert set(table.experiment) == {'20_robust_fronts', '21_robust_shifts'} and kept_runs == runs and recipes['robust zoo'] == 'ef56'
+    table, _, kept_runs = m.merge_previous(out, now, {'zoo': 'c0de', 'robust zoo': 'cd34'}, ['20'])   # the same zoo: seed 2 adds up
+    assert table.set_index('experiment').loc['20_robust_fronts', 'seed 2'] == 1.0 and kept_runs == runs
