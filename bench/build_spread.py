@@ -168,6 +168,9 @@ def main(argv=None)->int:
                     "that build their own zoo (40), the benchmark's is then not retrained for each seed")
     a = ap.parse_args(argv)
     if 0 in a.seeds: ap.error('seed 0 is the pinned build, always included')
+    if a.keep_rows and not a.note: ap.error('--keep-rows needs --note: why those rows still hold for the re-keyed zoo')
+    if (bad := [e for e in a.keep_rows if not own_zoo(e)]): ap.error(f"--keep-rows {' '.join(bad)}: not an experiment with a zoo of its own ({', '.join(OWN_ZOO)})")
+    keep_rows = sorted({e[:2] for e in a.keep_rows})   # '21' or '21_robust_shifts': the rows are matched by the experiment's number
     if 'FUSION_NB_BUILD_THREADS' in os.environ:   # the thread count is part of the zoo's recipe: seed 0 would be trained, not the pins
         ap.error('unset FUSION_NB_BUILD_THREADS: it changes the zoo recipe, so seed 0 would not be the pinned build')
     import tempfile
@@ -182,7 +185,6 @@ def main(argv=None)->int:
         from fusion_nb.reproduce.profiles import load_profile
         threads = max(1, int(load_profile(a.profile, root/'settings.ini').cpus_per_experiment))
     if a.keep_pinned and a.papermill: ap.error('--keep-pinned reads the `fusion-nb reproduce` runs (not --papermill)')
-    if a.keep_rows and not a.note: ap.error('--keep-rows needs --note: why those rows still hold for the re-keyed zoo')
     for s in [*a.seeds, *([] if a.keep_pinned else [0])]:   # the pinned build last: the copy is left as the checkout builds it
         env = env_for(root, threads); env.pop('FUSION_NB_BUILD_SEED', None)
         if s: env['FUSION_NB_BUILD_SEED'] = str(s)
@@ -213,6 +215,7 @@ def main(argv=None)->int:
     table = spread_table(runs)
     out = a.out or REPO/'data'/'paper_values'/f'build_spread_{a.profile}.csv'
     this_run = (f"python bench/build_spread.py --profile {a.profile} --only {' '.join(a.only)} --seeds {' '.join(map(str, a.seeds))}{' --papermill' if a.papermill else ''}"
+                + (f" --keep-rows {' '.join(keep_rows)}" if keep_rows else '')
                 + (f" (outputs of an earlier run reused: {total:.0f} s of experiments, builds not timed)" if a.reuse and not a.papermill else f" ({total:.0f} s)"))
     recipes, runs_before = {'zoo': manifest['recipes']['zoo']}, []
     llava = sorted((root/'data'/a.profile/'llava').glob('zoo-*/recipe.json'))
@@ -222,7 +225,7 @@ def main(argv=None)->int:
         from fusion_nb.robust.zoo import zoo_digest
         recipes['robust zoo'] = zoo_digest(root, a.profile, pinned=True)
     if out.exists():
-        table, recipes, runs_before = merge_previous(out, table, recipes, a.only, a.keep_rows)
+        table, recipes, runs_before = merge_previous(out, table, recipes, a.only, keep_rows)
         table = table.drop(columns=[c for c in seed_columns(table) if table[c].isna().all()])   # a seed column only the dropped rows (another zoo) filled
     if a.keep_pinned and ('seed 0' not in table.columns or table.loc[table.experiment.isin(set().union(*(runs[s].experiment for s in a.seeds))), 'seed 0'].isna().any()):
         print("--keep-pinned: the file holds no seed 0 for some of this run's rows (another zoo, or not measured): nothing written"); return 1

@@ -111,3 +111,11 @@ def test_a_rebuilt_own_zoo_drops_its_rows_unless_kept_on_purpose(tmp_path):
     assert set(table.experiment) == {'20_robust_fronts', '21_robust_shifts'} and kept_runs == runs and recipes['robust zoo'] == 'ef56'
     table, _, kept_runs = m.merge_previous(out, now, {'zoo': 'c0de', 'robust zoo': 'cd34'}, ['20'])   # the same zoo: seed 2 adds up
     assert table.set_index('experiment').loc['20_robust_fronts', 'seed 2'] == 1.0 and kept_runs == runs
+
+def test_keep_rows_names_an_experiment_with_its_own_zoo_and_a_reason(capsys):
+    "Refused before any copy is made: a benchmark-zoo experiment (its rows follow the benchmark's recipe), or no --note."
+    import pytest
+    with pytest.raises(SystemExit): _bench().main(['--only', '20', '--keep-rows', '04', '--note', 'why'])
+    assert 'not an experiment with a zoo of its own' in capsys.readouterr().err
+    with pytest.raises(SystemExit): _bench().main(['--only', '20', '--keep-rows', '21_robust_shifts'])
+    assert '--keep-rows needs --note' in capsys.readouterr().err
