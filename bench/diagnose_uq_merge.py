@@ -8,6 +8,7 @@
                                                                  #     step's merge and the next model at equal weights (multi_stage_merging.py)
     python bench/diagnose_uq_merge.py noise --profile tiny       # b'. eq. 1's seed spread on those merges (paired)
     python bench/diagnose_uq_merge.py vectors --profile tiny     # c.  task vectors of the variants: norms, cosines
+    python bench/diagnose_uq_merge.py questions --profile tiny --n 256   # g.  Table 1's differences on other draws of the questions, 64 and 256 a set
     python bench/diagnose_uq_merge.py screen --profile tiny --candidate abstain_robust   # d. a candidate pool (CANDIDATES or a JSON
                                                                  #    spec): every model, the base, merges with and without each harmful one
     (every subcommand takes --candidate; candidates are built from the pinned zoo's stages under outputs/, never in the package)
@@ -382,12 +383,76 @@ def vectors(args):
                 merge_shift_over_base=float(mean_tau.norm() / b.norm()))
 
 
+TABLE1_METHODS = ['dare_task_arithmetic', 'della', 'ties_merging', 'task_arithmetic', 'model_stock']   # experiment 40's baselines but Linear (= UQ-Merge's all-models merge)
+
+def questions(args):
+    """g. How much of experiment 40's build spread its questions make: Table 1's merges of all the models (UQ-Merge keeps all
+    of them on tiny, so every random selection is the whole pool) on this zoo, evaluated on other draws of the question sets
+    (zoo_benchmark's seed; draw 0 is the experiment's), with the profile's count and with --n. The differences UQ-Merge minus
+    each baseline then move across draws by the questions alone; the build spread file has how they move across builds."""
+    from fusion_nb.merge import MERGE_METHODS
+    from fusion_nb.llava.uq_merge import merge_llava
+    from fusion_nb.llava.model import load_llava
+    from fusion_nb.llava.zoo import zoo_benchmark
+    P, root, manifest, models, held_in, _, J = setup(args.profile, args.candidate)
+    n0 = len(next(iter(held_in.values())))
+    tmp = Path(tempfile.mkdtemp(prefix='uq-questions-'))
+    merged = {}
+    try:
+        for m in ['linear', *TABLE1_METHODS]:
+            spec = MERGE_METHODS[m]
+            kw = spec.paper_settings('004') if m != 'linear' else {}
+            d = merge_llava(m, models, tmp/m, pretrained=root/'base' if spec.needs_pretrained else None, **kw)
+            merged[m] = load_llava(d, device=P.device)
+        rows = []
+        for n in sorted({n0, *args.n}):
+            for draw in range(args.draws):
+                hi, ho = zoo_benchmark(n, n, seed=P.seed + draw)
+                ev = evaluator(P, hi, ho)
+                acc = {m: ev(*mp) for m, mp in merged.items()}
+                for m in TABLE1_METHODS:
+                    for c in ['avg_held_in', 'avg_held_out']:
+                        rows.append(dict(n=n, draw=draw, method=m, metric=c, ours=acc['linear'][c], baseline=acc[m][c],
+                                         difference=acc['linear'][c] - acc[m][c]))
+                print(n, draw, {m: round(acc[m]['avg_held_in'], 2) for m in acc}, flush=True)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    df = pd.DataFrame(rows)
+    g = df.groupby(['metric', 'method', 'n']).difference
+    summary = pd.DataFrame({'mean': g.mean(), 'sd': g.std(ddof=1), 'range': g.max() - g.min(), 'draw0': g.first()}).round(2).reset_index()
+    builds = build_differences(args.profile)
+    summary = summary.merge(builds, on=['metric', 'method'], how='left')
+    print(summary.to_string())
+    return dict(questions_per_set=sorted({n0, *args.n}), draws=args.draws, rows=df.round(3).to_dict('records'),
+                summary=summary.to_dict('records'),
+                mean_sd=summary.groupby(['metric', 'n'])['sd'].mean().round(2).reset_index().to_dict('records'),
+                mean_build_sd=summary.groupby('metric')['build_sd'].mean().round(2).to_dict())
+
+
+def build_differences(profile:str)->pd.DataFrame:
+    "UQ-Merge minus each baseline per build, from the profile's spread file's Table 1 means (experiment 40's judged rows), with their sd and range."
+    from fusion_nb.reproduce.reports import ROW_LABELS
+    path = REPO/'data'/'paper_values'/f'build_spread_{profile}.csv'
+    if not path.exists(): return pd.DataFrame(columns=['metric', 'method', 'builds', 'build_sd', 'build_range'])
+    f = pd.read_csv(path, comment='#')
+    f = f[(f.experiment == '40_uq_merge') & (f.table == 'table1_mean')].set_index('row')
+    seeds = [c for c in f.columns if c.startswith('seed ')]
+    out = []
+    for m in TABLE1_METHODS:
+        for c in ['avg_held_in', 'avg_held_out']:
+            d = f.loc[f'UQ-Merge (ours) · {c}', seeds].astype(float) - f.loc[f'{ROW_LABELS[m]} · {c}', seeds].astype(float)
+            out.append(dict(metric=c, method=m, builds=d.round(2).tolist(), build_sd=round(float(d.std(ddof=1)), 2),
+                            build_range=round(float(d.max() - d.min()), 2)))
+    return pd.DataFrame(out)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'chained', 'noise', 'vectors', 'screen'])
+    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'chained', 'noise', 'vectors', 'screen', 'questions'])
     ap.add_argument('--candidate', default='default', help=f'a pool of CANDIDATES ({", ".join(CANDIDATES)}) or a JSON spec (keys of CAND_DEFAULTS)')
     ap.add_argument('--profile', default='tiny')
     ap.add_argument('--passes', type=int, default=None, help="J of eq. 1 (default: the profile's llava_passes, else DEFAULT_J; the authors' code: 4)")
+    ap.add_argument('--n', type=int, nargs='*', default=[256], help='questions: counts per set besides the profile\'s')
+    ap.add_argument('--draws', type=int, default=5, help='questions: draws of the question sets per count (draw 0: the experiment\'s)')
     a = ap.parse_args(argv)
     global PASSES; PASSES = a.passes
     t0 = time.perf_counter()
