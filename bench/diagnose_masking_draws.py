@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse, json, sys, time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 REPO = Path(__file__).resolve().parent.parent

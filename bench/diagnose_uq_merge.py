@@ -394,7 +394,7 @@ def questions(args):
     from fusion_nb.llava.uq_merge import merge_llava
     from fusion_nb.llava.model import load_llava
     from fusion_nb.llava.zoo import zoo_benchmark
-    P, root, manifest, models, held_in, _, J = setup(args.profile, args.candidate)
+    P, root, _, models, held_in, _, _ = setup(args.profile, args.candidate)   # no eq. 1 here: J unused
     n0 = len(next(iter(held_in.values())))
     tmp = Path(tempfile.mkdtemp(prefix='uq-questions-'))
     merged = {}
