@@ -5,7 +5,10 @@ Measured (2026-11-24, issue 13) with `cifar10` and `imagenet` on the 80-epoch zo
 "80 epochs (the profile since 2026-11-24)": a θp→p control moves θp by at most 3 points (CIFAR-10 θ∞ 49.0 → 49.7 ℓ∞,
 θ2 65.7 → 68.3 ℓ2, θ1 32.0 → 32.3 ℓ1; ImageNet θ∞ 80.0 → 78.3 ℓ∞). On the ×8 ImageNet zoo (2026-12-03, issue 48; run in a
 copy holding the zoo: the pins, and seed 2's build): θ∞ 57.0 → 48.3 ℓ∞ (pins), 51.7 → 56.7 (seed 2, 50.3 on its own
-training images): the recipe alone moves it by more than (check)'s margin, one way or the other (notebook 20). Nothing is written.
+training images): the recipe alone moves it by more than (check)'s margin, one way or the other (notebook 20). Until
+2026-12-05 the controls trained on the stand-in rendered with the *build's* seed, so seed 2's control above saw other images
+than its θ∞ did (the pins' unaffected); the zoo renders with seed 0 for every build, as this script now does (the manifest's
+`data_seed`). The 160-epoch change rests on imagenet_finetune.py, which rendered them as the zoo does. Nothing is written.
 
 Usage: python bench/robust_construction/control.py [cifar10|imagenet]   (from the project root, after the tiny zoo is built)"""
 import json, sys, torch
@@ -20,7 +23,7 @@ folder = f'data/tiny/robust/{ds}'
 if not Path(folder, 'manifest.json').is_file():
     sys.exit(f"{folder} holds no robust zoo: build it first (fusion-nb reproduce --profile tiny --only 20_robust_fronts)")
 man = json.load(open(f'{folder}/manifest.json')); b = ZooBudget(**man['budget'])
-zoo = load_zoo(folder); x, y = standin(ds, 'train', b.n_train, b.seed); xt, yt = standin(ds, 'test', 300)
+zoo = load_zoo(folder); x, y = standin(ds, 'train', b.n_train, man.get('data_seed', b.seed))   # another build: its seed trains, seed 0 renders; xt, yt = standin(ds, 'test', 300)
 att = {a['norm']: a for a in standin_attacks(ds, steps=20)}
 ev = lambda m, xx, yy: {k: round(apgd(m, xx, yy, k, a['eps'], steps=20, loss=a['loss'], seed=0).accuracy * 100, 1) for k, a in att.items()}
 print(ds, 'budget', man['budget'], flush=True)
