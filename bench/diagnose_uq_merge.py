@@ -9,6 +9,8 @@
     python bench/diagnose_uq_merge.py noise --profile tiny       # b'. eq. 1's seed spread on those merges (paired)
     python bench/diagnose_uq_merge.py vectors --profile tiny     # c.  task vectors of the variants: norms, cosines
     python bench/diagnose_uq_merge.py questions --profile tiny --n 256   # g.  Table 1's differences on other draws of the questions, 64 and 256 a set
+    python bench/diagnose_uq_merge.py competence --profile tiny [--candidate long_base]   # h. per held-in set: base, its specialist,
+                                                                 #    the other variants, the merge of all, against chance
     python bench/diagnose_uq_merge.py screen --profile tiny --candidate abstain_robust   # d. a candidate pool (CANDIDATES or a JSON
                                                                  #    spec): every model, the base, merges with and without each harmful one
     (every subcommand takes --candidate; candidates are built from the pinned zoo's stages under outputs/, never in the package)
@@ -428,6 +430,37 @@ def questions(args):
                 mean_build_sd=summary.groupby('metric')['build_sd'].mean().round(2).to_dict())
 
 
+def competence(args):
+    """h. Whom each held-in set measures: per held-in set, the base's accuracy, its specialist's (the variant tuned on the set's
+    task, `HELD_IN_ROLES`), the median of the other variants' and the Linear merge of all of them, against chance (one over the
+    options). Paper 004's held-in sets measure a competence its whole pool shares (LLaVA-v1.5-7B 54.8-72.0 on the five, merges
+    43-70; Table 1); experiment 40's held-in comparisons need that, not a set each only one specialist answers."""
+    from fusion_nb.llava.model import load_llava
+    from fusion_nb.llava.uq_merge import merge_llava
+    from fusion_nb.llava.zoo import HELD_IN_ROLES
+    P, root, manifest, models, held_in, held_out, _ = setup(args.profile, args.candidate)
+    ev0, tmp = evaluator(P, held_in, {}), Path(tempfile.mkdtemp(prefix='uq-competence-'))
+    def ev(model, proc):   # held-in only: no held-out set, so no held-out average
+        import warnings
+        with warnings.catch_warnings(): warnings.simplefilter('ignore', RuntimeWarning); return ev0(model, proc)
+    try:
+        acc = {n: ev(*load_llava(src, device=P.device)) for n, src in {'base': root/'base', **models}.items()}
+        acc['linear (all)'] = ev(*load_llava(merge_llava('linear', models, tmp/'linear'), device=P.device))
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    chance = {r: 100 / len(its[0].options) for r, its in held_in.items()}
+    rows = []
+    for r, t in HELD_IN_ROLES.items():
+        others = [acc[n][r] for n in models if n != t]
+        rows.append(dict(held_in=r, task=t, chance=chance[r], base=acc['base'][r], specialist=acc[t][r], others_median=float(np.median(others)),
+                         others_max=float(np.max(others)), linear_all=acc['linear (all)'][r]))
+    df = pd.DataFrame(rows).round(2)
+    print(df.to_string())
+    return dict(zoo=root.name, questions_per_set=len(next(iter(held_in.values()))), per_set=df.to_dict('records'),
+                models={n: {k: round(v, 2) for k, v in a.items() if k in held_in or k == 'avg_held_in'} for n, a in acc.items()},
+                base_above_chance=round(float((df.base - df.chance).mean()), 2), others_above_chance=round(float((df.others_median - df.chance).mean()), 2),
+                specialist_above_others=round(float((df.specialist - df.others_median).mean()), 2))
+
+
 def build_differences(profile:str)->pd.DataFrame:
     "UQ-Merge minus each baseline per build, from the profile's spread file's Table 1 means (experiment 40's judged rows), with their sd and range."
     from fusion_nb.reproduce.reports import ROW_LABELS
@@ -447,7 +480,7 @@ def build_differences(profile:str)->pd.DataFrame:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'chained', 'noise', 'vectors', 'screen', 'questions'])
+    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'chained', 'noise', 'vectors', 'screen', 'questions', 'competence'])
     ap.add_argument('--candidate', default='default', help=f'a pool of CANDIDATES ({", ".join(CANDIDATES)}) or a JSON spec (keys of CAND_DEFAULTS)')
     ap.add_argument('--profile', default='tiny')
     ap.add_argument('--passes', type=int, default=None, help="J of eq. 1 (default: the profile's llava_passes, else DEFAULT_J; the authors' code: 4)")
