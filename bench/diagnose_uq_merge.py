@@ -11,6 +11,7 @@
     python bench/diagnose_uq_merge.py questions --profile tiny --n 256   # g.  Table 1's differences on other draws of the questions, 64 and 256 a set
     python bench/diagnose_uq_merge.py competence --profile tiny [--candidate long_base]   # h. per held-in set: base, its specialist,
                                                                  #    the other variants, the merge of all, against chance
+    python bench/diagnose_uq_merge.py collapse --profile tiny    # i. Task Arithmetic and DARE of all / the clean / all but one harmful
     python bench/diagnose_uq_merge.py screen --profile tiny --candidate abstain_robust   # d. a candidate pool (CANDIDATES or a JSON
                                                                  #    spec): every model, the base, merges with and without each harmful one
     (every subcommand takes --candidate; candidates are built from the pinned zoo's stages under outputs/, never in the package)
@@ -461,6 +462,29 @@ def competence(args):
                 specialist_above_others=round(float((df.specialist - df.others_median).mean()), 2))
 
 
+def collapse(args):
+    """i. What the harmful variants do to the task-arithmetic family's merges: Task Arithmetic and DARE at paper 004's settings
+    merging all the models, the clean ones only, and all but the first harmful one, on this build's zoo (another build:
+    FUSION_NB_BUILD_SEED=S in the copy holding it); both accuracies. Experiment 40's held-out comparisons move with it."""
+    from fusion_nb.merge import MERGE_METHODS
+    from fusion_nb.llava.uq_merge import merge_llava
+    from fusion_nb.llava.model import load_llava
+    P, root, manifest, models, held_in, held_out, _ = setup(args.profile, args.candidate)
+    harmful = [n for n, v in manifest['variants'].items() if is_harmful(v)]
+    pools = {'all': models, 'clean': {n: p for n, p in models.items() if n not in harmful},
+             f'all but {harmful[0]}': {n: p for n, p in models.items() if n != harmful[0]}}
+    ev, tmp, rows = evaluator(P, held_in, held_out), Path(tempfile.mkdtemp(prefix='uq-collapse-')), []
+    try:
+        for m in ['task_arithmetic', 'dare']:
+            kw = MERGE_METHODS[m].paper_settings('004')
+            for name, pool in pools.items():
+                d = merge_llava(m, pool, tmp/f"{m}-{len(rows)}", pretrained=root/'base', **kw)
+                r = ev(*load_llava(d, device=P.device)); rows.append(dict(method=m, pool=name, **{k: round(v, 2) for k, v in r.items()}))
+                print(m, name, round(r['avg_held_in'], 2), round(r['avg_held_out'], 2), flush=True)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    return dict(zoo=root.name, harmful=harmful, rows=rows)
+
+
 def build_differences(profile:str)->pd.DataFrame:
     "UQ-Merge minus each baseline per build, from the profile's spread file's Table 1 means (experiment 40's judged rows), with their sd and range."
     from fusion_nb.reproduce.reports import ROW_LABELS
@@ -480,7 +504,7 @@ def build_differences(profile:str)->pd.DataFrame:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'chained', 'noise', 'vectors', 'screen', 'questions', 'competence'])
+    ap.add_argument('what', choices=['paper', 'pool', 'loo', 'chained', 'noise', 'vectors', 'screen', 'questions', 'competence', 'collapse'])
     ap.add_argument('--candidate', default='default', help=f'a pool of CANDIDATES ({", ".join(CANDIDATES)}) or a JSON spec (keys of CAND_DEFAULTS)')
     ap.add_argument('--profile', default='tiny')
     ap.add_argument('--passes', type=int, default=None, help="J of eq. 1 (default: the profile's llava_passes, else DEFAULT_J; the authors' code: 4)")
