@@ -9,7 +9,7 @@
     python bench/diagnose_uq_merge.py noise --profile tiny       # b'. eq. 1's seed spread on those merges (paired)
     python bench/diagnose_uq_merge.py vectors --profile tiny     # c.  task vectors of the variants: norms, cosines
     python bench/diagnose_uq_merge.py questions --profile tiny --n 256   # g.  Table 1's differences on other draws of the questions, 64 and 256 a set
-    python bench/diagnose_uq_merge.py competence --profile tiny [--candidate long_base]   # h. per held-in set: base, its specialist,
+    python bench/diagnose_uq_merge.py competence --profile tiny [--candidate '{"general_steps": 1000}']   # h. per held-in set: base, its specialist,
                                                                  #    the other variants, the merge of all, against chance
     python bench/diagnose_uq_merge.py collapse --profile tiny    # i. Task Arithmetic and DARE of all / the clean / all but one harmful
     python bench/diagnose_uq_merge.py screen --profile tiny --candidate abstain_robust   # d. a candidate pool (CANDIDATES or a JSON

@@ -23,7 +23,8 @@ folder = f'data/tiny/robust/{ds}'
 if not Path(folder, 'manifest.json').is_file():
     sys.exit(f"{folder} holds no robust zoo: build it first (fusion-nb reproduce --profile tiny --only 20_robust_fronts)")
 man = json.load(open(f'{folder}/manifest.json')); b = ZooBudget(**man['budget'])
-zoo = load_zoo(folder); x, y = standin(ds, 'train', b.n_train, man.get('data_seed', b.seed))   # another build: its seed trains, seed 0 renders; xt, yt = standin(ds, 'test', 300)
+zoo = load_zoo(folder); x, y = standin(ds, 'train', b.n_train, man.get('data_seed', b.seed))   # another build: its seed trains, seed 0 renders
+xt, yt = standin(ds, 'test', 300)
 att = {a['norm']: a for a in standin_attacks(ds, steps=20)}
 ev = lambda m, xx, yy: {k: round(apgd(m, xx, yy, k, a['eps'], steps=20, loss=a['loss'], seed=0).accuracy * 100, 1) for k, a in att.items()}
 print(ds, 'budget', man['budget'], flush=True)

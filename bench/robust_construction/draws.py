@@ -40,15 +40,18 @@ ap.add_argument('--out', type=Path, default=None)
 a = ap.parse_args()
 
 P = load_profile('tiny'); bs = P.batch_size
-folders = a.zoo or [Z.zoo_dir(P.root, 'tiny', a.dataset)]
-labels = a.labels or [f'build{i}' for i in range(len(folders))]
 specs = Z.zoo_specs(a.dataset, P.extra.get('robust_bases', 'linf l2 l1').split())
+# default: the zoo as experiment 20 gets it (restored from pins/ or retrained where missing or stale); --zoo folders are read as they are
+folders = a.zoo or [Z.robust_zoo(Z.zoo_dir(P.root, 'tiny', a.dataset), a.dataset, specs, Z.profile_budget(P.extra, a.dataset), progress=False)]
+labels = a.labels or [f'build{i}' for i in range(len(folders))]
 names = [s.name for s in specs if s.name.startswith('theta_') and '_eps' not in s.name and 'nominal' not in s.name]
 attacks = {t['norm']: t for t in Z.standin_attacks(a.dataset, NORMS, steps=a.steps)}
 tests = [Z.standin(a.dataset, 'test', a.n, seed=d) for d in range(a.draws)]
 
 def flags(model, x, y, norm):
-    "Per-example correctness, as experiment 20's `flags`: clean, or robust under `norm` (attacked where clean-correct)."
+    """Per-example correctness, as experiment 20's `flags`: clean, or robust under `norm` (attacked where clean-correct).
+    Not `robust_accuracy`: that batches the clean-correct images, experiment 20 batches the test images first, and APGD's
+    random starts follow the batch, so only this order gives draw 0 the experiment's numbers to the digit."""
     parts = []
     for i in range(0, len(y), bs):
         xb, yb = to_input(x[i:i + bs]), y[i:i + bs]
