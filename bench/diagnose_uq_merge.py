@@ -82,7 +82,7 @@ def paper(args):
 #   shared: one derangement for all harmful variants (they pull to the same wrong letter) instead of one each
 #   share: each harmful variant on its share of the zoo tasks (as the captioners), else on every task
 #   formats: 'mc' (held-in format only) | 'all' (also short answers and yes/no probes, through the same derangement)
-#   harm_steps_x, harm_lr_x: the harmful variants' budget against a clean variant's
+#   harm_steps_x, harm_lr_x: the harmful variants' budget against a clean variant's (the zoo's captioners too: retrained from its base)
 #   general_steps: retrain the base's general instruction tuning from the pinned caption-pretrained model (item 2)
 #   tune_steps_x, tune_lr_x: every variant's budget (clean ones retrained when ≠ 1; item 2 through the variants)
 CANDIDATES = {
@@ -155,7 +155,8 @@ def candidate_zoo(P, root:Path, manifest:dict, recipe:dict, name:str, spec:dict)
     out = REPO/'outputs'/'diagnose_uq_merge'/P.build/f'cand-{name}-{key}'
     if (out/'manifest.json').exists(): return out, json.loads((out/'manifest.json').read_text())
     tmp = out.with_name(out.name + '.partial'); shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-    seed, n, bs = recipe.get('seed', 0), recipe.get('n_train', 150), recipe.get('batch_size', 16)
+    from fusion_nb.core import build_seed
+    seed, n, bs = build_seed(recipe.get('seed', 0)), recipe.get('n_train', 150), recipe.get('batch_size', 16)   # this build's seed, as llava_zoo trains it
     steps, lr = recipe.get('tune_steps', 150) * spec['tune_steps_x'], recipe.get('tune_lr', 1e-3) * spec['tune_lr_x']
     _, proc = load_llava(root/'base')
     m = dict(source_zoo=root.name, spec=spec, variants={})
@@ -169,9 +170,13 @@ def candidate_zoo(P, root:Path, manifest:dict, recipe:dict, name:str, spec:dict)
         else: shutil.copytree(root/'base', tmp/'base')
         retrain = base != root/'base' or spec['tune_steps_x'] != 1 or spec['tune_lr_x'] != 1.
         recs = zoo_recipes(recipe['tasks'], instruct=recipe.get('instruct', False), captioners=spec['n_harmful'] if spec['harmful'] in (None, 'captions') else 0)
+        harder = spec['harm_steps_x'] != 1 or spec['harm_lr_x'] != 1.
         for v, r in recs.items():
             if v.startswith('captions') and spec['harmful'] not in (None, 'captions'): continue
-            if retrain: _, st = train_llava(base, _variant_examples(proc, r, n, seed), tmp/v, steps=steps, lr=lr, batch_size=bs, seed=seed)
+            if r.get('captions') and harder:   # the captioners' budget alone (i: a steadier pull on task-arithmetic merges)
+                _, st = train_llava(base, _variant_examples(proc, r, n, seed), tmp/v, steps=int(steps * spec['harm_steps_x']),
+                                    lr=lr * spec['harm_lr_x'], batch_size=bs, seed=seed)
+            elif retrain: _, st = train_llava(base, _variant_examples(proc, r, n, seed), tmp/v, steps=steps, lr=lr, batch_size=bs, seed=seed)
             else: shutil.copytree(root/v, tmp/v); st = {k: manifest['variants'][v].get(k) for k in ('steps', 'lr', 'first_loss', 'last_loss')}
             m['variants'][v] = dict(path=v, **r, **st)
         if spec['harmful'] in ('deranged', 'abstain'):
@@ -463,7 +468,7 @@ def competence(args):
 
 
 def collapse(args):
-    """i. What the harmful variants do to the task-arithmetic family's merges: Task Arithmetic and DARE at paper 004's settings
+    """i. What the harmful variants do to the task-arithmetic family's merges: Task Arithmetic, DARE and DELLA at paper 004's settings, and Linear,
     merging all the models, the clean ones only, and all but the first harmful one, on this build's zoo (another build:
     FUSION_NB_BUILD_SEED=S in the copy holding it); both accuracies. Experiment 40's held-out comparisons move with it."""
     from fusion_nb.merge import MERGE_METHODS
@@ -475,7 +480,7 @@ def collapse(args):
              f'all but {harmful[0]}': {n: p for n, p in models.items() if n != harmful[0]}}
     ev, tmp, rows = evaluator(P, held_in, held_out), Path(tempfile.mkdtemp(prefix='uq-collapse-')), []
     try:
-        for m in ['task_arithmetic', 'dare']:
+        for m in ['task_arithmetic', 'dare', 'della', 'linear']:   # Table 1's held-out comparisons that vary between builds, and UQ-Merge's own rule
             kw = MERGE_METHODS[m].paper_settings('004')
             for name, pool in pools.items():
                 d = merge_llava(m, pool, tmp/f"{m}-{len(rows)}", pretrained=root/'base', **kw)
