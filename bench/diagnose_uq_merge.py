@@ -11,7 +11,7 @@
     python bench/diagnose_uq_merge.py questions --profile tiny --n 256   # g.  Table 1's differences on other draws of the questions, 64 and 256 a set
     python bench/diagnose_uq_merge.py competence --profile tiny [--candidate '{"general_steps": 1000}']   # h. per held-in set: base, its specialist,
                                                                  #    the other variants, the merge of all, against chance
-    python bench/diagnose_uq_merge.py collapse --profile tiny    # i. Task Arithmetic and DARE of all / the clean / all but one harmful
+    python bench/diagnose_uq_merge.py collapse --profile tiny    # i, j. Task Arithmetic, DARE, DELLA and Linear of all / the clean / all but one harmful
     python bench/diagnose_uq_merge.py screen --profile tiny --candidate abstain_robust   # d. a candidate pool (CANDIDATES or a JSON
                                                                  #    spec): every model, the base, merges with and without each harmful one
     (every subcommand takes --candidate; candidates are built from the pinned zoo's stages under outputs/, never in the package)
@@ -173,10 +173,9 @@ def candidate_zoo(P, root:Path, manifest:dict, recipe:dict, name:str, spec:dict)
         harder = spec['harm_steps_x'] != 1 or spec['harm_lr_x'] != 1.
         for v, r in recs.items():
             if v.startswith('captions') and spec['harmful'] not in (None, 'captions'): continue
-            if r.get('captions') and harder:   # the captioners' budget alone (i: a steadier pull on task-arithmetic merges)
-                _, st = train_llava(base, _variant_examples(proc, r, n, seed), tmp/v, steps=int(steps * spec['harm_steps_x']),
-                                    lr=lr * spec['harm_lr_x'], batch_size=bs, seed=seed)
-            elif retrain: _, st = train_llava(base, _variant_examples(proc, r, n, seed), tmp/v, steps=steps, lr=lr, batch_size=bs, seed=seed)
+            sx, lx = (spec['harm_steps_x'], spec['harm_lr_x']) if r.get('captions') else (1, 1.)   # the captioners' own budget (j)
+            if retrain or (r.get('captions') and harder):
+                _, st = train_llava(base, _variant_examples(proc, r, n, seed), tmp/v, steps=int(steps * sx), lr=lr * lx, batch_size=bs, seed=seed)
             else: shutil.copytree(root/v, tmp/v); st = {k: manifest['variants'][v].get(k) for k in ('steps', 'lr', 'first_loss', 'last_loss')}
             m['variants'][v] = dict(path=v, **r, **st)
         if spec['harmful'] in ('deranged', 'abstain'):
@@ -483,7 +482,7 @@ def collapse(args):
         for m in ['task_arithmetic', 'dare', 'della', 'linear']:   # Table 1's held-out comparisons that vary between builds, and UQ-Merge's own rule
             kw = MERGE_METHODS[m].paper_settings('004')
             for name, pool in pools.items():
-                d = merge_llava(m, pool, tmp/f"{m}-{len(rows)}", pretrained=root/'base', **kw)
+                d = merge_llava(m, pool, tmp/f"{m}-{len(rows)}", pretrained=root/'base' if MERGE_METHODS[m].needs_pretrained else None, **kw)   # as experiment 40 merges
                 r = ev(*load_llava(d, device=P.device)); rows.append(dict(method=m, pool=name, **{k: round(v, 2) for k, v in r.items()}))
                 print(m, name, round(r['avg_held_in'], 2), round(r['avg_held_out'], 2), flush=True)
     finally: shutil.rmtree(tmp, ignore_errors=True)
