@@ -327,20 +327,23 @@ def held_in_uncertainty(model, processor, # a LLaVA and its processor
                         repeats:int=1, # runs averaged per set (App. A.1: 3), seeds seed, seed + 1, …
                         batch_size:int=16,
                        )->dict[str, float]:
-    "UQ̄(M) as paper 004 reports it: per set the mean over its questions and runs, then the mean over sets (and per-set entries)."
+    "UQ̄(M) as paper 004 reports it: per set the mean over its questions and runs, then the mean over sets (per-set and, with repeats, per-run entries)."
     sets = as_held_in(sets)
     if not isinstance(repeats, int) or repeats < 1: raise HyperparameterError(f"repeats={repeats!r} is out of range: an integer ≥ 1")
-    out, preds, first = {}, [], 0
+    out, per_run, preds, first = {}, {}, [], 0
     for name, items in sets.items():   # item indices run on across sets: every question its own draws, as in one list
         runs = [model_uncertainty(model, processor, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed + r,
                                   batch_size=batch_size, first_index=first) for r in range(repeats)]
         first += len(items)
         out[f'uncertainty:{name}'] = float(np.mean([r.uncertainty for r in runs]))
         out[f'accuracy:{name}'] = runs[0].accuracy; preds += runs[0].items.prediction.tolist()
+        if repeats > 1: per_run |= {f'uncertainty:{name}:seed{seed + r}': x.uncertainty for r, x in enumerate(runs)}
+    if repeats > 1:   # each run's UQ̄ as that run alone gives it (Table 7 lists them)
+        per_run |= {f'uncertainty:seed{seed + r}': float(np.mean([per_run[f'uncertainty:{n}:seed{seed + r}'] for n in sets])) for r in range(repeats)}
     accs = [out[f'accuracy:{n}'] for n in sets if not np.isnan(out[f'accuracy:{n}'])]
     freq = torch.tensor(pd.Series(preds).value_counts(normalize=True).values, dtype=torch.float64)
     return {'uncertainty': float(np.mean([out[f'uncertainty:{n}'] for n in sets])), 'accuracy': float(np.mean(accs)) if accs else float('nan'),
-            'answer_entropy': float(entropy(freq)), **out}
+            'answer_entropy': float(entropy(freq)), **out, **per_run}
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #257f9323
 def as_held_in(sets)->dict[str, list[OptionItem]]:

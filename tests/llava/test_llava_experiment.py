@@ -78,7 +78,7 @@ def test_table1_baselines_merge_the_same_random_selections(run):
     for m in METHODS: assert means.loc[ROW_LABELS[m], 'avg_held_in'] == pytest.approx(rnd[rnd.method == m].accuracy.mean())
 
 def test_table7_repeats_recompute(run):
-    "Table 7: three repeats (seeds 0, 1, 2) per model; a model's repeat, measured again per held-in set, gives the table's numbers."
+    "Table 7: three repeats (seeds P.seed, +1, +2: UQ-Merge's own runs) per model; a model's repeat, measured again per held-in set, gives the table's numbers."
     P, root, manifest, held_in, held_out = micro_setup()
     rep = pd.read_csv(run/'uncertainty_repeats.csv')
     assert set(rep.repeat) == {0, 1, 2} and set(rep.model) == set(manifest['variants'])
@@ -86,7 +86,7 @@ def test_table7_repeats_recompute(run):
     model, proc = load_llava(root/name)
     got = rep[(rep.model == name) & (rep.repeat == 1)].set_index('dataset').uncertainty
     firsts = [sum(len(v) for v in list(held_in.values())[:i]) for i in range(len(held_in))]
-    per_set = {d: model_uncertainty(model, proc, its, J=int(P.extra['llava_passes']), seed=1, first_index=f).uncertainty
+    per_set = {d: model_uncertainty(model, proc, its, J=int(P.extra['llava_passes']), seed=P.seed + 1, first_index=f).uncertainty
                for (d, its), f in zip(held_in.items(), firsts)}
     for d, u in per_set.items(): assert got[d] == pytest.approx(u, abs=1e-9), d
     assert got['average'] == pytest.approx(sum(per_set.values()) / len(per_set), abs=1e-9)   # the mean over sets, not over questions
