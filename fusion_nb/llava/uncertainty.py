@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/uncertainty.html.md"""
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #0bc1f907
 from __future__ import annotations
-import contextlib, hashlib, weakref
+import contextlib, hashlib, json, weakref
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -19,9 +19,10 @@ from ..core import FusionError, HyperparameterError, UnknownNameError, check_ran
 
 # %% auto #0
 __all__ = ['ANSWER_PROMPT', 'EXTRA_OPTIONS', 'LETTERS', 'AUGMIX_OPS', 'SYSTEM_PROMPTS', 'ATTENTION_DROPOUT', 'PERTURBATIONS',
-           'DEFAULT_J', 'DRAWS', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options', 'option_prompt',
-           'augment_op', 'augmix_combine', 'augmix', 'option_messages', 'attention_layers', 'attention_dropout',
-           'letter_ids', 'letter_probs', 'check_perturbations', 'perturbed_inputs', 'image_digest', 'DrawMemo',
+           'DEFAULT_J', 'DRAWS', 'INPUTS', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options',
+           'option_prompt', 'augment_op', 'augmix_combine', 'augmix', 'option_messages', 'attention_layers',
+           'attention_dropout', 'letter_ids', 'batch_letter_probs', 'option_batch', 'letter_probs',
+           'check_perturbations', 'perturbed_inputs', 'image_digest', 'DrawMemo', 'processor_fingerprint', 'InputMemo',
            'item_uncertainty', 'clean_answers', 'answer_accuracy', 'UQReport', 'model_uncertainty',
            'held_in_uncertainty', 'as_held_in', 'option_items']
 
@@ -191,18 +192,28 @@ def letter_ids(tokenizer, # the processor's tokenizer
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #9e3fc98b
 @torch.no_grad()
+def batch_letter_probs(model, processor, # a LLaVA and its processor
+                       batch:Mapping[str, torch.Tensor], # the processor's right-padded batch of the passes
+                       n_options:Sequence[int], # number of lettered options of each pass
+                      )->list[torch.Tensor]:
+    "Per pass, the softmax over the option letters' logits of the first generated token (one forward of `batch`)."
+    batch = {k: v.to(model.device, dtype=model.dtype) if v.is_floating_point() else v.to(model.device) for k, v in batch.items()}  # a new mapping: the caller's tensors stay as they are (a memo's, say)
+    logits = model(**batch).logits.float()   # pixel values in the model's dtype (fp16/bf16 for 7B)
+    last = batch['attention_mask'].sum(-1) - 1  # the last real token of each row
+    ids = letter_ids(processor.tokenizer, max(n_options))
+    return [torch.softmax(logits[b, last[b], ids[:k]], -1).cpu() for b, k in enumerate(n_options)]
+
+def option_batch(processor, images:Sequence[Image.Image], prompts:Sequence[str])->dict[str, torch.Tensor]:
+    "The processor's right-padded batch of passes, one image and one chat-formatted prompt each."
+    return dict(processor(images=list(images), text=list(prompts), padding=True, padding_side='right', return_tensors='pt'))
+
 def letter_probs(model, processor, # a LLaVA and its processor
                  images:Sequence[Image.Image], # one image per pass
                  prompts:Sequence[str], # one chat-formatted prompt per pass
                  n_options:Sequence[int], # number of lettered options of each pass
                 )->list[torch.Tensor]:
     "Per pass, the softmax over the option letters' logits of the first generated token (one batched forward)."
-    batch = processor(images=list(images), text=list(prompts), padding=True, padding_side='right', return_tensors='pt')
-    batch = batch.to(device=model.device, dtype=model.dtype)  # pixel values in the model's dtype (fp16/bf16 for 7B)
-    logits = model(**batch).logits.float()
-    last = batch['attention_mask'].sum(-1) - 1  # the last real token of each row
-    ids = letter_ids(processor.tokenizer, max(n_options))
-    return [torch.softmax(logits[b, last[b], ids[:k]], -1).cpu() for b, k in enumerate(n_options)]
+    return batch_letter_probs(model, processor, option_batch(processor, images, prompts), n_options)
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #f86ecd31
 PERTURBATIONS = ('image', 'text', 'model')  # §3.3; Table 5 compares ('image', 'text') with all three
@@ -250,6 +261,40 @@ class DrawMemo:
 
 DRAWS = DrawMemo()   # the process's memo (item_uncertainty)
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #c0ffee61
+_TOKENIZER_DIGESTS = weakref.WeakKeyDictionary()   # tokenizer → (its length, SHA-1 of its definition): hashed once, again once a token is added
+
+def processor_fingerprint(processor)->str:
+    "SHA-1 of what turns a question into a LLaVA's inputs: the processor's settings and chat template, its parts' classes, its tokenizer's definition."
+    tok = processor.tokenizer
+    n, digest = _TOKENIZER_DIGESTS.get(tok, (None, None))
+    if n != len(tok):
+        spec = json.loads(tok.backend_tokenizer.to_str()) if hasattr(tok, 'backend_tokenizer') else {'vocab': sorted(tok.get_vocab().items())}
+        for state in ('padding', 'truncation'): spec.pop(state, None)   # what the last call left set, not what the tokenizer is
+        spec = json.dumps(spec, sort_keys=True)
+        n, digest = len(tok), hashlib.sha1(spec.encode()).hexdigest(); _TOKENIZER_DIGESTS[tok] = (n, digest)
+    parts = [processor.to_json_string(), str(getattr(processor, 'chat_template', None)), *(type(o).__name__ for o in (processor, processor.image_processor, tok)),
+             digest, str(tok.padding_side)]
+    return hashlib.sha1('\x00'.join(parts).encode()).hexdigest()
+
+# %% ../../nbs/llava/61_uncertainty.ipynb #c0ffee62
+class InputMemo:
+    "Per-process memo of eq. 1's model inputs — the processor's batch of an item's J perturbed passes — by processor and draw."
+    def __init__(self, max_bytes:int=2**29): self.batches, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
+    def clear(self): self.batches.clear(); self.nbytes = 0
+    def __call__(self, processor, item:OptionItem, J:int, perturbations:Sequence[str], seed:int, index:int)->dict[str, torch.Tensor]:
+        "`option_batch` of `DRAWS(item, J, perturbations, seed, index)` with the item's prompts (a new mapping of the memo's tensors)."
+        key = (processor_fingerprint(processor), image_digest(item.image), item.question, tuple(item.options), J, tuple(perturbations), seed, index)
+        if key in self.batches: return dict(self.batches[key])
+        images, systems = DRAWS(item, J, perturbations, seed, index)
+        batch = option_batch(processor, images, [processor.apply_chat_template(option_messages(item, s), add_generation_prompt=True) for s in systems])
+        self.computed += 1
+        size = sum(v.numel() * v.element_size() for v in batch.values())
+        if self.nbytes + size <= self.max_bytes: self.batches[key] = batch; self.nbytes += size
+        return dict(batch)
+
+INPUTS = InputMemo()   # the process's memo (item_uncertainty)
+
 # %% ../../nbs/llava/61_uncertainty.ipynb #4604236d
 def item_uncertainty(model, processor, # a LLaVA and its processor
                      item:OptionItem, # the question (its label is not used)
@@ -261,12 +306,10 @@ def item_uncertainty(model, processor, # a LLaVA and its processor
                     )->tuple[float, torch.Tensor]:
     "Eq. (1) for one item: (uncertainty, the (J, K) option probabilities of the perturbed passes)."
     perturbations = check_perturbations(perturbations, J)
-    images, systems = DRAWS(item, J, perturbations, seed, index)
-    prompts = [processor.apply_chat_template(option_messages(item, s), add_generation_prompt=True) for s in systems]
-    k = len(all_options(item))
+    batch, k = INPUTS(processor, item, J, perturbations, seed, index), len(all_options(item))
     with torch.random.fork_rng(devices=[]), (attention_dropout(model, dropout) if 'model' in perturbations else contextlib.nullcontext()):
         torch.manual_seed(seed * 1_000_003 + index)  # dropout masks, reproducibly
-        probs = torch.stack(letter_probs(model, processor, images, prompts, [k] * J))
+        probs = torch.stack(batch_letter_probs(model, processor, batch, [k] * J))
     return perturbation_uncertainty(probs), probs
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #c5b2b2ce

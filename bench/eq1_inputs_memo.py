@@ -1,0 +1,43 @@
+"""Eq. 1 of one tiny LLaVA over the held-in sets with and without `INPUTS` (the processor's batches kept per draw), in one run.
+
+    python bench/eq1_inputs_memo.py [--profile tiny] [--reps 2]
+
+Experiment 40 measures eq. 1 for every model and every merge on the same questions and draws; without the memo each
+measurement runs the processor again (resize, normalise, tokenise) for every item. Prints the seconds of each measurement,
+alternating without / with the memo (the memo warmed first, as it is after the first model), their ratio, and checks that
+both give the same uncertainty to the bit. The zoo is the profile's (built or restored from pins on first use).
+"""
+from __future__ import annotations
+import argparse, os, time
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--profile', default='tiny'); ap.add_argument('--reps', type=int, default=2)
+    a = ap.parse_args()
+    import torch
+    torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', 1)))
+    from fusion_nb.reproduce.profiles import load_profile, prepare
+    from fusion_nb.llava.zoo import ZOO, llava_zoo, zoo_benchmark
+    from fusion_nb.llava.model import load_llava
+    from fusion_nb.llava import uncertainty as U
+    P = prepare(load_profile(a.profile), build=False)
+    recipe = dict(ZOO) | dict(zip(['pretrain_steps', 'general_steps', 'tune_steps'], map(int, P.extra['llava_zoo_steps'].split())))
+    root, manifest = llava_zoo(P.root/'data'/P.build/'llava', recipe, progress=False)
+    held_in, _ = zoo_benchmark(int(P.extra['llava_n_held_in']), 1, seed=P.seed)
+    name, v = next(iter(manifest['variants'].items()))
+    model, proc = load_llava(root/v['path'])
+    measure = lambda: U.held_in_uncertainty(model, proc, held_in, seed=P.seed)['uncertainty']
+    memo = U.INPUTS
+    measure()   # draws and the memo warm, as after experiment 40's first model
+    times, values = {'without': [], 'with': []}, set()
+    for _ in range(a.reps):
+        for label, bound in [('without', 0), ('with', memo.max_bytes)]:
+            U.INPUTS = memo if bound else U.InputMemo(max_bytes=0)
+            t = time.perf_counter(); values.add(measure()); times[label].append(time.perf_counter() - t)
+    U.INPUTS = memo
+    n = sum(len(v) for v in held_in.values())
+    print(f'profile {P.name}, model {name}, {n} held-in questions, J = {U.DEFAULT_J}, torch threads {torch.get_num_threads()}')
+    for label, ts in times.items(): print(f'  {label:7s} INPUTS: ' + ', '.join(f'{t:.2f} s' for t in ts))
+    print(f'  with / without: {sum(times["with"]) / sum(times["without"]):.2f}; the same uncertainty to the bit: {len(values) == 1}')
+
+if __name__ == '__main__': main()
