@@ -253,8 +253,10 @@ def zoo_digest(recipe:Mapping)->str:
     from fusion_nb.core import code_digest
     builds = [build_llava_zoo, _variant_examples, zoo_recipes, task_examples, class_order_items, permuted_labels, train_llava,
               instruction_examples, caption_examples, collate, supervised_example]   # what turns a recipe into weights
-    blob = json.dumps({'recipe': dict(recipe), 'threads': ZOO_THREADS, 'prompts': [CAPTION_PROMPT, SHORT_QUESTION, SHORT_ANSWER_PROMPT],
-                       'code': code_digest(*builds, llava_model, unc, tiny_tasks, sa.short_answer_items, sa.yes_no_items, sa.short_answer_messages)},
+    questions = [unc.OptionItem, unc.option_items, unc.option_messages, unc.option_prompt, unc.all_options]   # the option questions it trains on; not eq. 1's code, which only measures the zoo
+    blob = json.dumps({'recipe': dict(recipe), 'threads': ZOO_THREADS,
+                       'prompts': [CAPTION_PROMPT, SHORT_QUESTION, SHORT_ANSWER_PROMPT, unc.ANSWER_PROMPT, list(unc.EXTRA_OPTIONS), unc.LETTERS],
+                       'code': code_digest(*builds, *questions, llava_model, tiny_tasks, sa.short_answer_items, sa.yes_no_items, sa.short_answer_messages)},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
