@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/uncertainty.html.md"""
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #0bc1f907
 from __future__ import annotations
-import contextlib, hashlib, json, weakref
+import contextlib, hashlib, json, re, weakref
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -19,11 +19,11 @@ from ..core import FusionError, HyperparameterError, UnknownNameError, check_ran
 
 # %% auto #0
 __all__ = ['ANSWER_PROMPT', 'EXTRA_OPTIONS', 'LETTERS', 'AUGMIX_OPS', 'SYSTEM_PROMPTS', 'ATTENTION_DROPOUT', 'PERTURBATIONS',
-           'DEFAULT_J', 'DRAWS', 'INPUTS', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options',
-           'option_prompt', 'augment_op', 'augmix_combine', 'augmix', 'option_messages', 'attention_layers',
-           'attention_dropout', 'letter_ids', 'batch_letter_probs', 'option_batch', 'letter_probs',
-           'check_perturbations', 'perturbed_inputs', 'image_digest', 'DrawMemo', 'processor_fingerprint', 'InputMemo',
-           'item_uncertainty', 'clean_answers', 'answer_accuracy', 'UQReport', 'model_uncertainty',
+           'DEFAULT_J', 'INPUTS', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options', 'option_prompt',
+           'augment_op', 'augmix_combine', 'augmix', 'option_messages', 'attention_layers', 'attention_dropout',
+           'letter_ids', 'batch_letter_probs', 'option_batch', 'letter_probs', 'check_perturbations',
+           'perturbed_inputs', 'image_digest', 'processor_fingerprint', 'InputMemo', 'item_uncertainty',
+           'clean_answers', 'answer_accuracy', 'UQReport', 'item_uncertainties', 'model_uncertainty',
            'held_in_uncertainty', 'as_held_in', 'option_items']
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #8146fda7
@@ -243,38 +243,14 @@ def image_digest(img:Image.Image)->str:
     "SHA-1 of an image's mode, size and pixels."
     return hashlib.sha1(f'{img.mode} {img.size} '.encode() + img.tobytes()).hexdigest()
 
-class DrawMemo:
-    "Per-process memo of perturbed inputs by (image, J, perturbations, seed, index): every model reads the same draws."
-    def __init__(self, max_bytes:int=2**28): self.draws, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
-    def clear(self): self.draws.clear(); self.nbytes = 0
-    def __call__(self, item:OptionItem, J:int, perturbations:Sequence[str], seed:int, index:int,
-                )->tuple[list[Image.Image], list[str|None]]:
-        "`perturbed_inputs(item, J, perturbations, _item_rng(seed, index))`, as copies of the memo's once drawn."
-        key = (image_digest(item.image), J, tuple(perturbations), seed, index)
-        if key not in self.draws:
-            images, systems = perturbed_inputs(item, J, perturbations, _item_rng(seed, index)); self.computed += 1
-            size = sum(im.width * im.height * len(im.getbands()) for im in images)
-            if self.nbytes + size > self.max_bytes: return images, systems
-            self.draws[key] = (images, systems); self.nbytes += size
-        images, systems = self.draws[key]
-        return [im.copy() for im in images], list(systems)
-
-DRAWS = DrawMemo()   # the process's memo (item_uncertainty)
-
 # %% ../../nbs/llava/61_uncertainty.ipynb #c0ffee61
-_TOKENIZER_DIGESTS = weakref.WeakKeyDictionary()   # tokenizer → (its length, SHA-1 of its definition): hashed once, again once a token is added
-
 def processor_fingerprint(processor)->str:
     "SHA-1 of what turns a question into a LLaVA's inputs: the processor's settings and chat template, its parts' classes, its tokenizer's definition."
     tok = processor.tokenizer
-    n, digest = _TOKENIZER_DIGESTS.get(tok, (None, None))
-    if n != len(tok):
-        spec = json.loads(tok.backend_tokenizer.to_str()) if hasattr(tok, 'backend_tokenizer') else {'vocab': sorted(tok.get_vocab().items())}
-        for state in ('padding', 'truncation'): spec.pop(state, None)   # what the last call left set, not what the tokenizer is
-        spec = json.dumps(spec, sort_keys=True)
-        n, digest = len(tok), hashlib.sha1(spec.encode()).hexdigest(); _TOKENIZER_DIGESTS[tok] = (n, digest)
+    spec = json.loads(tok.backend_tokenizer.to_str()) if hasattr(tok, 'backend_tokenizer') else {'vocab': sorted(tok.get_vocab().items())}
+    for state in ('padding', 'truncation'): spec.pop(state, None)   # what the last call left set, not what the tokenizer is
     parts = [processor.to_json_string(), str(getattr(processor, 'chat_template', None)), *(type(o).__name__ for o in (processor, processor.image_processor, tok)),
-             digest, str(tok.padding_side)]
+             json.dumps(spec, sort_keys=True), str(tok.padding_side)]
     return hashlib.sha1('\x00'.join(parts).encode()).hexdigest()
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #c0ffee62
@@ -282,11 +258,13 @@ class InputMemo:
     "Per-process memo of eq. 1's model inputs — the processor's batch of an item's J perturbed passes — by processor and draw."
     def __init__(self, max_bytes:int=2**29): self.batches, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
     def clear(self): self.batches.clear(); self.nbytes = 0
-    def __call__(self, processor, item:OptionItem, J:int, perturbations:Sequence[str], seed:int, index:int)->dict[str, torch.Tensor]:
-        "`option_batch` of `DRAWS(item, J, perturbations, seed, index)` with the item's prompts (a new mapping of the memo's tensors)."
-        key = (processor_fingerprint(processor), image_digest(item.image), item.question, tuple(item.options), J, tuple(perturbations), seed, index)
+    def __call__(self, processor, item:OptionItem, J:int, perturbations:Sequence[str], seed:int, index:int,
+                 fingerprint:str|None=None, # processor_fingerprint(processor), if the caller has it
+                )->dict[str, torch.Tensor]:
+        "`option_batch` of the item's draw (`seed`, `index`) with its prompts (a new mapping of the memo's tensors)."
+        key = (fingerprint or processor_fingerprint(processor), image_digest(item.image), item.question, tuple(item.options), J, tuple(perturbations), seed, index)
         if key in self.batches: return dict(self.batches[key])
-        images, systems = DRAWS(item, J, perturbations, seed, index)
+        images, systems = perturbed_inputs(item, J, perturbations, _item_rng(seed, index))
         batch = option_batch(processor, images, [processor.apply_chat_template(option_messages(item, s), add_generation_prompt=True) for s in systems])
         self.computed += 1
         size = sum(v.numel() * v.element_size() for v in batch.values())
@@ -303,10 +281,11 @@ def item_uncertainty(model, processor, # a LLaVA and its processor
                      perturbations:Sequence[str]=PERTURBATIONS, # which of image / text / model to perturb
                      dropout:float=ATTENTION_DROPOUT, # attention dropout rate of the model perturbation
                      seed:int=0, index:int=0, # the draws depend on (seed, index) only
+                     fingerprint:str|None=None, # processor_fingerprint(processor), if the caller has it (item_uncertainties: once per list)
                     )->tuple[float, torch.Tensor]:
     "Eq. (1) for one item: (uncertainty, the (J, K) option probabilities of the perturbed passes)."
     perturbations = check_perturbations(perturbations, J)
-    batch, k = INPUTS(processor, item, J, perturbations, seed, index), len(all_options(item))
+    batch, k = INPUTS(processor, item, J, perturbations, seed, index, fingerprint), len(all_options(item))
     with torch.random.fork_rng(devices=[]), (attention_dropout(model, dropout) if 'model' in perturbations else contextlib.nullcontext()):
         torch.manual_seed(seed * 1_000_003 + index)  # dropout masks, reproducibly
         probs = torch.stack(batch_letter_probs(model, processor, batch, [k] * J))
@@ -342,6 +321,18 @@ class UQReport:
     answer_entropy:float # entropy (nats) of the clean answers' letters over items: 0 when every question gets the same letter
     items:pd.DataFrame = field(repr=False)
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #c0ffee64
+def item_uncertainties(model, processor, # a LLaVA and its processor
+                       items:Sequence[OptionItem], # option questions
+                       *,
+                       J:int=DEFAULT_J, perturbations:Sequence[str]=PERTURBATIONS, dropout:float=ATTENTION_DROPOUT, seed:int=0,
+                       first_index:int=0, # the draws of item i depend on (seed, first_index + i)
+                      )->list[float]:
+    "Eq. (1) of each item: the processor's fingerprint taken once for the list (it does not change while the list is measured)."
+    fingerprint = processor_fingerprint(processor)
+    return [item_uncertainty(model, processor, it, J=J, perturbations=perturbations, dropout=dropout, seed=seed, index=first_index + i,
+                             fingerprint=fingerprint)[0] for i, it in enumerate(items)]
+
 # %% ../../nbs/llava/61_uncertainty.ipynb #6106c75d
 def model_uncertainty(model, processor, # a LLaVA and its processor
                       items:Sequence[OptionItem], # held-in option questions
@@ -353,8 +344,7 @@ def model_uncertainty(model, processor, # a LLaVA and its processor
     "UQ̄(M): eq. (1) averaged over `items`, with the accuracy of the clean answers."
     if not items: raise HyperparameterError("model_uncertainty needs at least one item")
     check_perturbations(perturbations, J)
-    us = [item_uncertainty(model, processor, it, J=J, perturbations=perturbations, dropout=dropout, seed=seed, index=first_index + i)[0]
-          for i, it in enumerate(items)]
+    us = item_uncertainties(model, processor, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed, first_index=first_index)
     df = pd.DataFrame(dict(uncertainty=us, answer=[it.answer for it in items], prediction=clean_answers(model, processor, items, batch_size)))
     labelled = df.answer.notna()
     df['correct'] = (df.prediction == df.answer).where(labelled)
@@ -375,12 +365,15 @@ def held_in_uncertainty(model, processor, # a LLaVA and its processor
     if not isinstance(repeats, int) or repeats < 1: raise HyperparameterError(f"repeats={repeats!r} is out of range: an integer ≥ 1")
     out, per_run, preds, first = {}, {}, [], 0
     for name, items in sets.items():   # item indices run on across sets: every question its own draws, as in one list
-        runs = [model_uncertainty(model, processor, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed + r,
-                                  batch_size=batch_size, first_index=first) for r in range(repeats)]
+        first_run = model_uncertainty(model, processor, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed,
+                                      batch_size=batch_size, first_index=first)
+        runs = [first_run.uncertainty] + [   # the clean answers do not depend on the seed: asked once
+            float(pd.Series(item_uncertainties(model, processor, items, J=J, perturbations=perturbations, dropout=dropout, seed=seed + r,
+                                               first_index=first)).mean()) for r in range(1, repeats)]   # UQ̄ as model_uncertainty takes it
         first += len(items)
-        out[f'uncertainty:{name}'] = float(np.mean([r.uncertainty for r in runs]))
-        out[f'accuracy:{name}'] = runs[0].accuracy; preds += runs[0].items.prediction.tolist()
-        if repeats > 1: per_run |= {f'uncertainty:{name}:seed{seed + r}': x.uncertainty for r, x in enumerate(runs)}
+        out[f'uncertainty:{name}'] = float(np.mean(runs))
+        out[f'accuracy:{name}'] = first_run.accuracy; preds += first_run.items.prediction.tolist()
+        if repeats > 1: per_run |= {f'uncertainty:{name}:seed{seed + r}': u for r, u in enumerate(runs)}
     if repeats > 1:   # each run's UQ̄ as that run alone gives it (Table 7 lists them)
         per_run |= {f'uncertainty:seed{seed + r}': float(np.mean([per_run[f'uncertainty:{n}:seed{seed + r}'] for n in sets])) for r in range(repeats)}
     accs = [out[f'accuracy:{n}'] for n in sets if not np.isnan(out[f'accuracy:{n}'])]
@@ -394,6 +387,8 @@ def as_held_in(sets)->dict[str, list[OptionItem]]:
     sets = dict(sets) if isinstance(sets, Mapping) else {'held_in': list(sets)}
     empty = [n for n, its in sets.items() if not len(its)]
     if not sets or empty: raise HyperparameterError(f"held-in sets must each hold questions; empty: {empty or 'no set at all'}")
+    clash = [n for n in sets if not isinstance(n, str) or ':' in n or re.fullmatch(r'seed\d+', n)]
+    if clash: raise HyperparameterError(f"held-in set names {clash} would be read as other entries (uncertainty:<set>:seed<s>, uncertainty:seed<s>): name them without ':' and not seed<number>")
     return {n: list(its) for n, its in sets.items()}
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #6b3212ed
