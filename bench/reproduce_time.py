@@ -9,7 +9,7 @@ It reads the run's own records: the build's `manifest.json` timings, the `second
 item, each experiment's `inputs.json` (`seconds`, `finished`), and the time each log line arrived. Issue 30, item 3.
 """
 from __future__ import annotations
-import argparse, datetime, json, os, re, shutil, subprocess, sys, tempfile, time
+import argparse, datetime, json, os, platform, re, shutil, subprocess, sys, tempfile, time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,6 +127,14 @@ def schedule(outputs:Path, profile:str, slots:int, start:float)->None:
         print(f"| {label} | {end:.0f} | {first:.0f} |")
     print(f"| lower bound (work / slots) | {start + sum(seconds.values()) / slots:.0f} | |")
 
+def machine()->str:
+    "The CPU a timing was taken on (model, cores this process may use, widest vector ISA): timings compare only on the same one."
+    info = Path('/proc/cpuinfo').read_text() if Path('/proc/cpuinfo').exists() else ''
+    model = next((l.split(':', 1)[1].strip() for l in info.splitlines() if l.startswith('model name')), platform.processor() or platform.machine())
+    flags = set(next((l.split(':', 1)[1].split() for l in info.splitlines() if l.startswith('flags')), []))
+    isa = next((f for f in ('avx512f', 'avx2', 'avx', 'sse4_1') if f in flags), 'unknown ISA')
+    return f"{model}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores, {isa}"
+
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--profile', default='micro')
@@ -142,7 +150,7 @@ def main(argv=None)->int:
     a = ap.parse_args(argv)
     if a.schedule: schedule(a.schedule, a.profile, a.jobs or 2, a.start); return 0
     root = a.root.resolve() if a.root else fresh_copy(Path(tempfile.mkdtemp(prefix='reproduce-time-')))
-    print(f"project root: {root} (started {datetime.datetime.now().isoformat(timespec='seconds')})", flush=True)
+    print(f"project root: {root} (started {datetime.datetime.now().isoformat(timespec='seconds')}; machine: {machine()})", flush=True)
     try:
         if a.pair: pair(root, a.profile, *a.pair, a.threads); return 0
         out = Path(tempfile.mkdtemp(prefix='outputs-', dir=root)) if a.root else root/'outputs'
