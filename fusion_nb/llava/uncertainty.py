@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/uncertainty.html.md"""
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #0bc1f907
 from __future__ import annotations
-import contextlib, hashlib, json, re, weakref
+import contextlib, hashlib, json, re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -175,20 +175,15 @@ def attention_dropout(model:torch.nn.Module, # a LLaVA (or any transformers LM)
         for l, rate, training in saved: l.attention_dropout = rate; l.train(training)
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #7a88f16b
-_LETTER_IDS = weakref.WeakKeyDictionary()   # tokenizer → {(n, vocabulary size): ids}: letter_probs asks once per forward pass
-
 def letter_ids(tokenizer, # the processor's tokenizer
                n:int, # number of options
               )->list[int]:
     "Token id of each of the first `n` option letters; raise if a letter is not exactly one distinct token."
-    known, key = _LETTER_IDS.setdefault(tokenizer, {}), (n, len(tokenizer))   # a token added since: tokenised again
-    if key not in known:
-        ids = [tokenizer(c, add_special_tokens=False).input_ids for c in LETTERS[:n]]
-        bad = [c for c, i in zip(LETTERS, ids) if len(i) != 1 or i[0] == tokenizer.unk_token_id]
-        if bad or len({i[0] for i in ids}) != n:
-            raise FusionError(f"option letters {bad or list(LETTERS[:n])} are not single distinct tokens of {type(tokenizer).__name__}")
-        known[key] = [i[0] for i in ids]
-    return list(known[key])
+    ids = [tokenizer(c, add_special_tokens=False).input_ids for c in LETTERS[:n]]   # asked each time (0.2 ms): a kept answer could outlive a change to the tokenizer
+    bad = [c for c, i in zip(LETTERS, ids) if len(i) != 1 or i[0] == tokenizer.unk_token_id]
+    if bad or len({i[0] for i in ids}) != n:
+        raise FusionError(f"option letters {bad or list(LETTERS[:n])} are not single distinct tokens of {type(tokenizer).__name__}")
+    return [i[0] for i in ids]
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #9e3fc98b
 @torch.no_grad()
