@@ -4,9 +4,9 @@
 
 Experiment 40 measures eq. 1 for every model and every merge on the same questions and draws; without the memo each
 measurement draws the AugMix images and system prompts again and runs the processor again (resize, normalise, tokenise)
-for every item (before 2026-12-06 the draws had a memo of their own, `DRAWS`, and this bench timed the processor alone). Prints the seconds of each measurement,
-alternating without / with the memo (the memo warmed first, as it is after the first model), their ratio, and checks that
-both give the same uncertainty to the bit. The zoo is the profile's (built or restored from pins on first use).
+for every item (before 2026-12-06 the draws had a memo of their own, `DRAWS`, and this bench timed the processor alone).
+Prints the seconds of each measurement, alternating without / with the memo (the memo warmed first, as it is after the
+first model), their ratio, and checks that both give the same uncertainty to the bit. The zoo is the profile's (built or restored from pins on first use).
 """
 from __future__ import annotations
 import argparse, os, time
