@@ -257,7 +257,8 @@ class InputMemo:
                  fingerprint:str|None=None, # processor_fingerprint(processor), if the caller has it
                 )->dict[str, torch.Tensor]:
         "`option_batch` of the item's draw (`seed`, `index`) with its prompts (a new mapping of the memo's tensors)."
-        key = (fingerprint or processor_fingerprint(processor), image_digest(item.image), item.question, tuple(item.options), J, tuple(perturbations), seed, index)
+        key = (fingerprint or processor_fingerprint(processor), image_digest(item.image), item.question, tuple(item.options), J, tuple(perturbations), seed, index,
+               _prompt_constants())
         if key in self.batches: return dict(self.batches[key])
         images, systems = perturbed_inputs(item, J, perturbations, _item_rng(seed, index))
         batch = option_batch(processor, images, [processor.apply_chat_template(option_messages(item, s), add_generation_prompt=True) for s in systems])
@@ -265,6 +266,10 @@ class InputMemo:
         size = sum(v.numel() * v.element_size() for v in batch.values())
         if self.nbytes + size <= self.max_bytes: self.batches[key] = batch; self.nbytes += size
         return dict(batch)
+
+def _prompt_constants()->tuple:
+    "The module constants the inputs read at call time, so a value changed in a live process re-keys the memo (EXTRA_OPTIONS is bound into `all_options` at import)."
+    return ANSWER_PROMPT, LETTERS, tuple(SYSTEM_PROMPTS), tuple(AUGMIX_OPS)
 
 INPUTS = InputMemo()   # the process's memo (item_uncertainty)
 
