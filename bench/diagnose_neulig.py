@@ -8,6 +8,9 @@
     python bench/diagnose_neulig.py probe --profile tiny --pretrained DIR   # the same from a candidate pre-trained CLIP (e.g. issue 47's)
     python bench/diagnose_neulig.py cross --profile tiny               # each expert alone on each task (that task's head): the cost of misrouting
     python bench/diagnose_neulig.py cost --profile tiny                # CPU seconds of one Table s8 evaluation on 100 vs all test samples per task
+    python bench/diagnose_neulig.py gap --profile tiny                 # Table s5's Gap taken apart: each member's logits on each task, the uniform ensemble and merge
+    python bench/diagnose_neulig.py table --profile tiny               # Table s5 as experiment 10 computes it (every baseline, NeuLig in both settings) and the Gap claims' margins
+    python bench/diagnose_neulig.py {gap,table} --profile tiny --clip DIR/clip-vit-tiny --experts 'DIR/clip-vit-tiny_{task}' --tag NAME   # a candidate zoo
 
 s7. The CoopVec Map replaces each test sample's CoopVec by its dataset's mean CoopVec (the map row of the sample's
 *known* dataset). It can only differ much from per-sample CoopVecs where per-sample CoopVecs differ from their
@@ -25,7 +28,16 @@ expert alone on its task (all test samples and experiment 10's 100-sample subset
 As and Bs, and experiment 10's Table s8 rerun (same budget, the pinned half experts of pins/<profile>/neulig_halves)
 on the 100-sample subsets and on all test samples, with the binomial standard error of the difference.
 
-Results go to bench/diagnose_neulig/<profile>_<cmd>[_<steps>].json. Nothing in the package, the zoo or a method changes.
+gap. Paper 001's ensemble pools logits (Σ wₘ logitsₘ), so under Simple Averaging's uniform weights a task's own expert
+must outvote the six others. Measured per task: each member's accuracy, confidence, log-probability of the true class,
+logit spread and cosines with the class embeddings; the uniform ensemble with the own expert's logits scaled by 1, 2,
+4, 8; the ensemble and the merge with the six others replaced by θ₀.
+
+table. Experiment 10's Table s5 cells (the baselines fused by `fuse`, `merge_ensemble_gap`, NeuLig in both settings, no
+CoopVec Map) on the pinned zoo or a candidate's CLIP and experts (bench/neulig_candidate_clip.py, neulig_candidate_experts.py);
+on the pins it reproduces experiment 10's claim margins (−0.21, −0.54; Mer. +5.29, +6.43).
+
+Results go to bench/diagnose_neulig/<profile>_<cmd>[_<steps>][_<tag>].json. Nothing in the package, the zoo or a method changes.
 """
 from __future__ import annotations
 import argparse, json, sys, time
@@ -43,14 +55,15 @@ from fusion_nb.evaluation import image_loader
 from fusion_nb.methods.data import MergeData, profile_settings
 from fusion_nb.neulig.half_zoo import HALVES, HalfZooBudget, half_indices
 from fusion_nb.neulig.neulig import epoch_steps, map_diagonal, neulig, train_portland, transfer_portland, visible_count
-from fusion_nb.neulig.portland import NeuLigModel, coop_ensemble, expert_logits, merged_logits
+from fusion_nb.neulig.portland import NeuLigModel, coop_ensemble, expert_logits, merged_logits, merged_pooled
 from fusion_nb.pools import PRETRAINED, ModelPool, TaskPool
 from fusion_nb.reproduce.profiles import load_profile, prepare
 from fusion_nb.tiny.tasks import NEULIG_TASKS
 import functools
 
 
-def setup(profile):
+def setup(profile, experts:str|None=None, clip:str|None=None):
+    "The profile, experiment 10's budgets, and the pools; `experts`: a candidate's expert folders ('{task}' replaced), `clip`: its pre-trained CLIP."
     P = prepare(load_profile(profile, tasks=NEULIG_TASKS))
     D = neulig.defaults()
     B = profile_settings(P, {'neulig_steps': D['steps'], 'neulig_lr': D['lr'], 'neulig_batch_size': D['batch_size'],
@@ -58,6 +71,8 @@ def setup(profile):
                              'neulig_half_steps': 4000, 'neulig_half_lr': 1e-5, 'neulig_half_batch_size': 32})
     if B['neulig_transfer_test_samples'] < 0: B['neulig_transfer_test_samples'] = P.max_test_samples
     models, tasks = ModelPool.from_profile(P), TaskPool.from_profile(P)
+    if experts or clip:
+        models = ModelPool(clip or models.pretrained, {t: experts.format(task=t) for t in P.tasks} if experts else models.experts, device=models.device)
     return P, B, models, tasks, MergeData(models, tasks, seed=P.seed, num_workers=P.num_workers)
 
 
@@ -239,21 +254,103 @@ def cost(a):
         print(out, flush=True)
     return out
 
+def gap(a):
+    "Why the baselines' merges lose little against their ensembles on tiny (Table s5's Gap): each expert's outputs on each task, the uniform ensemble and merge, and their parts."
+    import torch.nn.functional as F
+    P, B, models, tasks, data = setup(a.profile, a.experts, a.clip)
+    T = list(P.tasks); pre = models.vision_state(PRETRAINED)
+    model = NeuLigModel(pre, {**{t: models.vision_state(t) for t in T}, 'pretrained': pre}, models.config).to(models.device)
+    K, scale = len(T), float(models.clip.logit_scale.detach().exp())
+    rows = {}
+    with torch.no_grad():
+        for t in T:
+            head, i, acc = functools.partial(data.heads, task=t), T.index(t), {}
+            sums, n = {}, 0
+            add = lambda k, v: sums.__setitem__(k, sums.get(k, 0.) + float(v))
+            for b in image_loader(data.task_pool[t].load(max_samples=P.max_test_samples, seed=P.seed), data.model_pool.processor, 256):
+                y, L = b['label'], expert_logits(model, b['pixel_values'], head).cpu().float()   # (K+1, batch, classes): the experts, then θ₀
+                logp = F.log_softmax(L, -1); others = [k for k in range(K) if k != i]
+                right = lambda lp: (lp.argmax(-1) == y).float().sum()
+                true = lambda lp: lp.gather(-1, y[..., None].expand(*lp.shape[:-1], 1)).squeeze(-1)
+                add('own expert', right(logp[i])); add('pre-trained', right(logp[K])); add('other experts (mean)', right(logp[others]) / len(others))
+                add('own: log p(true)', true(logp[i]).sum()); add('others: log p(true)', true(logp[others]).mean(0).sum()); add('pre-trained: log p(true)', true(logp[K]).sum())
+                add('own: max p', logp[i].exp().max(-1).values.sum()); add('others: max p', logp[others].exp().max(-1).values.mean(0).sum())
+                add('pre-trained: max p', logp[K].exp().max(-1).values.sum())
+                add('own: logit sd', L[i].std(-1).sum()); add('others: logit sd', L[others].std(-1).mean(0).sum()); add('pre-trained: logit sd', L[K].std(-1).sum())
+                cos = L / scale   # the head's logits are the scale times cosines of the image and class embeddings
+                for who, c in (('own', cos[i]), ('pre-trained', cos[K])):
+                    add(f'{who}: cos, true class', true(c).sum()); add(f'{who}: cos, mean of classes', c.mean(-1).sum())
+                u = torch.zeros(K + 1); u[:K] = 1 / K
+                add('Ens. (uniform, Simple Averaging)', right(coop_ensemble(L, u)))
+                for k in (2, 4, 8):   # how much larger the own expert's logits must be for the uniform ensemble to keep its accuracy
+                    Lk = L.clone(); Lk[i] *= k; add(f'Ens. (uniform), own logits x{k}', right(coop_ensemble(Lk, u)))
+                v = u.clone(); v[others] = 0; v[K] = (K - 1) / K   # the others replaced by θ₀: the ensemble if the experts had not forgotten
+                add('Ens., others → θ₀', right(coop_ensemble(L, v)))
+                add('Mer. (uniform, Simple Averaging)', (head(merged_pooled(model, b['pixel_values'], u)).cpu().argmax(-1) == y).float().sum())
+                add('Mer., others → θ₀ (own τ at 1/K)', (head(merged_pooled(model, b['pixel_values'], v)).cpu().argmax(-1) == y).float().sum())
+                n += len(y)
+            rows[t] = {k: round((1 if any(w in k for w in ('log p', 'logit sd', 'max p', 'cos')) else 100) * v / n, 3) for k, v in sums.items()}   # accuracies in %
+            print(t, json.dumps(rows[t]), flush=True)
+    df = pd.DataFrame(rows).T
+    df.loc['Avg.'] = df.mean()
+    print(df.round(2).T.to_string(), flush=True)
+    scale = round(scale, 2)
+    print('the CLIP\'s logit scale', scale, flush=True)
+    return {'profile': P.name, 'experts': a.experts or 'pinned', 'clip': a.clip or 'pinned', 'logit scale': scale,
+            'per task': {t: r for t, r in df.round(3).T.to_dict().items()}}
+
+
+def table(a):
+    "Table s5 (experiment 10's cells: every baseline fused, its Mer. and Ens.; NeuLig in both settings), on the pinned or a candidate's experts."
+    from fusion_nb.reproduce.rows import fuse, fusion_settings, paper_rows
+    from fusion_nb.reproduce.reports import paper_model, ROW_LABELS
+    from fusion_nb.neulig.merge_vs_ensemble import gap_table, merge_ensemble_gap
+    from fusion_nb.neulig.neulig import neulig_records
+    import tempfile
+    P, B, models, tasks, data = setup(a.profile, a.experts, a.clip)
+    T = list(P.tasks); pre = models.vision_state(PRETRAINED); experts = {t: models.vision_state(t) for t in T}
+    S, EVAL = fusion_settings(P), dict(batch_size=P.batch_size, max_samples=P.max_test_samples, seed=P.seed, num_workers=P.num_workers, autocast=P.autocast)
+    rows = paper_rows('001', 's5_', paper_model(P))
+    with tempfile.TemporaryDirectory() as tmp:
+        fused = {r: fuse(r, pre, experts, data, S, Path(tmp), seed=P.seed, progress=False, paper='001')[0] for r in rows}
+    base = merge_ensemble_gap(fused, models, tasks, T, pretrained=pre, experts=experts, progress=False, **EVAL)
+    names = {'pretrained': 'Pre-trained', 'finetuned': 'Fine-tuned', **{r: ROW_LABELS[r] for r in rows}}
+    parts = [base.assign(method=base['method'].map(names))]
+    for setting in a.settings:
+        m = neulig(pre, experts, data=data, setting=setting, steps=B['neulig_steps'], lr=B['neulig_lr'], batch_size=B['neulig_batch_size'], seed=P.seed, progress=False)
+        r = neulig_records(m, data, T, progress=False, **EVAL)
+        parts.append(r.assign(method=f'NeuLig ({setting})', measure=r['level'].map({'merge': 'Mer.', 'ensemble': 'Ens.'}))[base.columns])
+    tab = gap_table(pd.concat(parts, ignore_index=True), T)
+    avg = tab['Avg.']
+    print(tab.xs('Mer.', axis=1, level=1).round(1).to_string(), '\n', avg.round(2).to_string(), flush=True)
+    with_ens = [names[r] for r in rows if avg.notna().loc[names[r], 'Ens.']]
+    out = {'profile': P.name, 'experts': a.experts or 'pinned', 'Avg.': {k: {m: (None if pd.isna(v) else round(float(v), 2)) for m, v in row.items()} for k, row in avg.iterrows()},
+           'per task Mer.': tab.xs('Mer.', axis=1, level=1).round(2).to_dict(), 'per task Ens.': tab.xs('Ens.', axis=1, level=1).round(2).to_dict()}
+    for setting in a.settings:
+        n = f'NeuLig ({setting})'
+        out[f'{n}: smallest baseline Gap minus its Gap'] = round(float(avg.loc[with_ens, 'Gap'].min() - avg.loc[n, 'Gap']), 2)
+        out[f'{n}: Mer. minus the best baseline Mer.'] = round(float(avg.loc[n, 'Mer.'] - avg.loc[[names[r] for r in rows], 'Mer.'].max()), 2)
+    print(json.dumps({k: v for k, v in out.items() if ':' in k}), flush=True)
+    return out
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('cmd', choices=['s7', 's8', 'cost', 'probe', 'cross'])
+    ap.add_argument('cmd', choices=['s7', 's8', 'cost', 'probe', 'cross', 'gap', 'table'])
     ap.add_argument('--profile', default='tiny')
     ap.add_argument('--steps', type=int, default=0, help='s7: Portland steps (default: the profile\'s neulig_steps)')
     ap.add_argument('--settings', nargs='*', default=['semi-supervised', 'supervised'])
     ap.add_argument('--pretrained', default=None, help='probe: another pre-trained CLIP folder (a construction candidate)')
     ap.add_argument('--subset', type=int, default=None, help="s8: test samples per task of the 'subset' evaluation (default the profile's neulig_transfer_test_samples; 100 before this issue)")
+    ap.add_argument('--experts', default=None, help="gap, table: a candidate's expert folders, '{task}' replaced (bench/neulig_candidate_experts.py)")
+    ap.add_argument('--clip', default=None, help="gap, table: a candidate's pre-trained CLIP folder (bench/neulig_candidate_clip.py)")
+    ap.add_argument('--tag', default='', help='appended to the JSON file name')
     ap.add_argument('--halves', default=None, help='s8: folder of the half experts (default pins/<profile>/neulig_halves)')
     a = ap.parse_args(argv)
     t0, c0 = time.time(), time.process_time()
-    out = {'s7': s7, 's8': s8, 'cost': cost, 'probe': probe, 'cross': cross}[a.cmd](a)
+    out = {'s7': s7, 's8': s8, 'cost': cost, 'probe': probe, 'cross': cross, 'gap': gap, 'table': table}[a.cmd](a)
     out['seconds'] = {'wall': round(time.time() - t0), 'cpu': round(time.process_time() - c0)}
-    dest = REPO/'bench'/'diagnose_neulig'/f"{out['profile']}_{a.cmd}{'_' + str(a.steps) if a.steps else ''}{'_' + Path(a.pretrained).parent.name if a.pretrained else ''}.json"
+    dest = REPO/'bench'/'diagnose_neulig'/f"{out['profile']}_{a.cmd}{'_' + str(a.steps) if a.steps else ''}{'_' + Path(a.pretrained).parent.name if a.pretrained else ''}{'_' + a.tag if a.tag else ''}.json"
     dest.parent.mkdir(exist_ok=True); dest.write_text(json.dumps(out, indent=1))
     print('wrote', dest, out['seconds'])
 
