@@ -5,10 +5,11 @@ included, and never clamps it: after 8,000 steps the tiny CLIP's scale is 15.7, 
 reference training code (open_clip, `main.py`: parameters with ndim < 2 — gains, biases, `logit_scale` — get no weight
 decay; `logit_scale` clamped to ln 100 after every step) leaves the temperature free, and the pre-trained CLIP the
 paper fuses has scale 100 (openai/clip-vit-base-patch32, `logit_scale` = 4.6052). This script runs the zoo's
-recipe (`zoo_config('tiny')`, seed 0, two threads, the same corpus, sizes, steps, batch, learning rate and decay) with only
+recipe (`zoo_config('tiny')`, seed 0 unless `--seed`, two threads, the same corpus, sizes, steps, batch, learning rate and decay) with only
 those two differences, then fine-tunes paper 001's seven experts from it with the zoo's expert recipe.
 
     python bench/neulig_candidate_clip.py OUT               # OUT/clip-vit-tiny, OUT/clip-vit-tiny_{task}; the package, pins and data/ untouched
+    python bench/neulig_candidate_clip.py OUT --seed 1             # another build of the same recipe
     python bench/neulig_candidate_clip.py OUT --init-scale 100   # the temperature starts where CLIP's ends (100) and stays there (the clamp)
     python bench/diagnose_neulig.py gap --profile tiny --pretrained-clip OUT/clip-vit-tiny --experts 'OUT/clip-vit-tiny_{task}'
 """
@@ -27,9 +28,10 @@ from fusion_nb.tiny.zoo import clip_loss, deterministic, finetune_expert, zoo_co
 
 ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
 ap.add_argument('out'); ap.add_argument('--threads', type=int, default=2); ap.add_argument('--steps', type=int, default=0)
+ap.add_argument('--seed', type=int, default=0, help='the training seed (corpus, initialisation, batches, experts), as FUSION_NB_BUILD_SEED sets it for a build')
 ap.add_argument('--init-scale', type=float, default=0, help="the temperature's starting value (default: the zoo's, CLIP's 1/0.07); 100: start where CLIP ends")
 a = ap.parse_args()
-out, cfg, seed = Path(a.out), zoo_config('tiny'), 0
+out, cfg, seed = Path(a.out), zoo_config('tiny'), a.seed
 steps = a.steps or cfg.pretrain_steps
 clip_dir = out/'clip-vit-tiny'
 log = {'steps': steps, 'scale': [], 'loss': []}
