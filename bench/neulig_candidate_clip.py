@@ -2,8 +2,8 @@
 
 The tiny zoo's `pretrain_clip` applies AdamW's weight decay to every parameter, the learned temperature (`logit_scale`)
 included, and never clamps it: after 8,000 steps the tiny CLIP's scale is 15.7, barely above its initial 14.3. The
-reference training code (open_clip, `main.py`: parameters with ndim < 2 — gains, biases, `logit_scale` — get no weight
-decay; `logit_scale` clamped to ln 100 after every step) leaves the temperature free, and the pre-trained CLIP the
+reference training code (open_clip: its `main.py` gives parameters with ndim < 2 — gains, biases, `logit_scale` — no weight
+decay; its `train.py` clamps `logit_scale` to ln 100 after every step) leaves the temperature free, and the pre-trained CLIP the
 paper fuses has scale 100 (openai/clip-vit-base-patch32, `logit_scale` = 4.6052). This script runs the zoo's
 recipe (`zoo_config('tiny')`, seed 0 unless `--seed`, two threads, the same corpus, sizes, steps, batch, learning rate and decay) with only
 those two differences, then fine-tunes paper 001's seven experts from it with the zoo's expert recipe.
