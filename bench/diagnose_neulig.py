@@ -264,7 +264,7 @@ def gap(a):
     rows = {}
     with torch.no_grad():
         for t in T:
-            head, i, acc = functools.partial(data.heads, task=t), T.index(t), {}
+            head, i = functools.partial(data.heads, task=t), T.index(t)
             sums, n = {}, 0
             add = lambda k, v: sums.__setitem__(k, sums.get(k, 0.) + float(v))
             for b in image_loader(data.task_pool[t].load(max_samples=P.max_test_samples, seed=P.seed), data.model_pool.processor, 256):
@@ -286,8 +286,8 @@ def gap(a):
                     Lk = L.clone(); Lk[i] *= k; add(f'Ens. (uniform), own logits x{k}', right(coop_ensemble(Lk, u)))
                 v = u.clone(); v[others] = 0; v[K] = (K - 1) / K   # the others replaced by θ₀: the ensemble if the experts had not forgotten
                 add('Ens., others → θ₀', right(coop_ensemble(L, v)))
-                add('Mer. (uniform, Simple Averaging)', (head(merged_pooled(model, b['pixel_values'], u)).cpu().argmax(-1) == y).float().sum())
-                add('Mer., others → θ₀ (own τ at 1/K)', (head(merged_pooled(model, b['pixel_values'], v)).cpu().argmax(-1) == y).float().sum())
+                add('Mer. (uniform, Simple Averaging)', right(head(merged_pooled(model, b['pixel_values'], u)).cpu()))
+                add('Mer., others → θ₀ (own τ at 1/K)', right(head(merged_pooled(model, b['pixel_values'], v)).cpu()))
                 n += len(y)
             rows[t] = {k: round((1 if any(w in k for w in ('log p', 'logit sd', 'max p', 'cos')) else 100) * v / n, 3) for k, v in sums.items()}   # accuracies in %
             print(t, json.dumps(rows[t]), flush=True)

@@ -2,16 +2,16 @@
 
 The tiny zoo's `pretrain_clip` applies AdamW's weight decay to every parameter, the learned temperature (`logit_scale`)
 included, and never clamps it: after 8,000 steps the tiny CLIP's scale is 15.7, barely above its initial 14.3. The
-reference training code (open_clip: its `main.py` gives parameters with ndim < 2 — gains, biases, `logit_scale` — no weight
-decay; its `train.py` clamps `logit_scale` to ln 100 after every step) leaves the temperature free, and the pre-trained CLIP the
+reference training code (open_clip: its `main.py` gives parameters with ndim < 2 or named 'bn', 'ln', 'bias', 'logit_scale'
+no weight decay — in transformers' CLIP every such parameter has ndim < 2, so the rule below is the same set; its `train.py` clamps `logit_scale` to ln 100 after every step) leaves the temperature free, and the pre-trained CLIP the
 paper fuses has scale 100 (openai/clip-vit-base-patch32, `logit_scale` = 4.6052). This script runs the zoo's
 recipe (`zoo_config('tiny')`, seed 0 unless `--seed`, two threads, the same corpus, sizes, steps, batch, learning rate and decay) with only
 those two differences, then fine-tunes paper 001's seven experts from it with the zoo's expert recipe.
 
     python bench/neulig_candidate_clip.py OUT               # OUT/clip-vit-tiny, OUT/clip-vit-tiny_{task}; the package, pins and data/ untouched
     python bench/neulig_candidate_clip.py OUT --seed 1             # another build of the same recipe
-    python bench/neulig_candidate_clip.py OUT --init-scale 100   # the temperature starts where CLIP's ends (100) and stays there (the clamp)
-    python bench/diagnose_neulig.py gap --profile tiny --pretrained-clip OUT/clip-vit-tiny --experts 'OUT/clip-vit-tiny_{task}'
+    python bench/neulig_candidate_clip.py OUT --init-scale 100   # the temperature starts where CLIP's ends (100); the clamp only caps it (tiny: 44.6 at the end)
+    python bench/diagnose_neulig.py gap --profile tiny --clip OUT/clip-vit-tiny --experts 'OUT/clip-vit-tiny_{task}'
 """
 import argparse, json, math, shutil, sys, tempfile, time
 from pathlib import Path
