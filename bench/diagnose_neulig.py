@@ -10,7 +10,8 @@
     python bench/diagnose_neulig.py cost --profile tiny                # CPU seconds of one Table s8 evaluation on 100 vs all test samples per task
     python bench/diagnose_neulig.py gap --profile tiny                 # Table s5's Gap taken apart: each member's logits on each task, the uniform ensemble and merge
     python bench/diagnose_neulig.py table --profile tiny               # Table s5 as experiment 10 computes it (every baseline, NeuLig in both settings) and the Gap claims' margins
-    python bench/diagnose_neulig.py {gap,table} --profile tiny --clip DIR/clip-vit-tiny --experts 'DIR/clip-vit-tiny_{task}' --tag NAME   # a candidate zoo
+    python bench/diagnose_neulig.py s9 --profile tiny                  # Table s9 as experiment 10 computes it, its Gap claim against `table`'s smallest baseline Gap (run `table` first)
+    python bench/diagnose_neulig.py {gap,table,s9} --profile tiny --clip DIR/clip-vit-tiny --experts 'DIR/clip-vit-tiny_{task}' --tag NAME   # a candidate zoo
 
 s7. The CoopVec Map replaces each test sample's CoopVec by its dataset's mean CoopVec (the map row of the sample's
 *known* dataset). It can only differ much from per-sample CoopVecs where per-sample CoopVecs differ from their
@@ -67,9 +68,12 @@ def setup(profile, experts:str|None=None, clip:str|None=None):
     P = prepare(load_profile(profile, tasks=NEULIG_TASKS))
     D = neulig.defaults()
     B = profile_settings(P, {'neulig_steps': D['steps'], 'neulig_lr': D['lr'], 'neulig_batch_size': D['batch_size'],
+                             'neulig_scale_steps': 0, 'neulig_data_scales': '0.01 0.05 0.1 0.15 0.2 0.3 0.4 0.6 0.8 1.0', 'neulig_scale_test_samples': -1,
                              'neulig_transfer_epochs': 10, 'neulig_transfer_data_scale': 1.0, 'neulig_transfer_test_samples': -1,
                              'neulig_half_steps': 4000, 'neulig_half_lr': 1e-5, 'neulig_half_batch_size': 32})
-    if B['neulig_transfer_test_samples'] < 0: B['neulig_transfer_test_samples'] = P.max_test_samples
+    B['neulig_scale_steps'] = B['neulig_scale_steps'] or B['neulig_steps']   # as experiment 10 resolves them
+    for k in ('neulig_scale_test_samples', 'neulig_transfer_test_samples'):
+        if B[k] < 0: B[k] = P.max_test_samples
     models, tasks = ModelPool.from_profile(P), TaskPool.from_profile(P)
     if experts or clip:
         models = ModelPool(clip or models.pretrained, {t: experts.format(task=t) for t in P.tasks} if experts else models.experts, device=models.device)
@@ -334,21 +338,45 @@ def table(a):
     return out
 
 
+def s9(a):
+    "Table s9 as experiment 10 computes it (NeuLig, semi-supervised, at each data scale) and its Gap claim's margin against `table`'s smallest baseline Gap."
+    from fusion_nb.neulig.neulig import consistency_table, neulig_records
+    P, B, models, tasks, data = setup(a.profile, a.experts, a.clip)
+    base = json.loads((REPO/'bench'/'diagnose_neulig'/f"{P.name}_table{'_' + a.tag if a.tag else ''}.json").read_text())['Avg.']
+    base_gap = {k: v['Gap'] for k, v in base.items() if v['Gap'] is not None and not k.startswith('NeuLig')}
+    T = list(P.tasks); pre = models.vision_state(PRETRAINED); experts = {t: models.vision_state(t) for t in T}
+    EVAL = dict(batch_size=P.batch_size, max_samples=B['neulig_scale_test_samples'], seed=P.seed, num_workers=P.num_workers, autocast=P.autocast)
+    runs = []
+    for s in [float(x) for x in str(B['neulig_data_scales']).split()]:
+        m = neulig(pre, experts, data=data, setting='semi-supervised', data_scale=s, steps=B['neulig_scale_steps'], lr=B['neulig_lr'],
+                   batch_size=B['neulig_batch_size'], seed=P.seed, progress=False)
+        runs.append(neulig_records(m, data, T, progress=False, **EVAL).assign(row=f'{s:g}'))
+    st = consistency_table(pd.concat(runs, ignore_index=True), tasks=T)['Avg.'].T
+    print(st.round(2).to_string(), flush=True)
+    gaps = st.loc['Gap', [c for c in st.columns if float(c) >= 0.1]]   # the claim: "even at a scale of 0.1"
+    least = min(base_gap, key=base_gap.get)
+    out = {'profile': P.name, 'experts': a.experts or 'pinned', 'clip': a.clip or 'pinned', 'Table s9': st.round(2).to_dict(),
+           'smallest baseline Gap (table)': {least: base_gap[least]}, 'largest Gap at scale >= 0.1': round(float(gaps.max()), 2),
+           'Table s9: smallest baseline Gap minus the largest Gap at scale >= 0.1': round(float(base_gap[least] - gaps.max()), 2)}
+    print(json.dumps({k: v for k, v in out.items() if k != 'Table s9'}), flush=True)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('cmd', choices=['s7', 's8', 'cost', 'probe', 'cross', 'gap', 'table'])
+    ap.add_argument('cmd', choices=['s7', 's8', 'cost', 'probe', 'cross', 'gap', 'table', 's9'])
     ap.add_argument('--profile', default='tiny')
     ap.add_argument('--steps', type=int, default=0, help='s7: Portland steps (default: the profile\'s neulig_steps)')
     ap.add_argument('--settings', nargs='*', default=['semi-supervised', 'supervised'])
     ap.add_argument('--pretrained', default=None, help='probe: another pre-trained CLIP folder (a construction candidate)')
     ap.add_argument('--subset', type=int, default=None, help="s8: test samples per task of the 'subset' evaluation (default the profile's neulig_transfer_test_samples; 100 before this issue)")
-    ap.add_argument('--experts', default=None, help="gap, table: a candidate's expert folders, '{task}' replaced (bench/neulig_candidate_experts.py)")
-    ap.add_argument('--clip', default=None, help="gap, table: a candidate's pre-trained CLIP folder (bench/neulig_candidate_clip.py)")
-    ap.add_argument('--tag', default='', help='appended to the JSON file name')
+    ap.add_argument('--experts', default=None, help="gap, table, s9: a candidate's expert folders, '{task}' replaced (bench/neulig_candidate_experts.py)")
+    ap.add_argument('--clip', default=None, help="gap, table, s9: a candidate's pre-trained CLIP folder (bench/neulig_candidate_clip.py)")
+    ap.add_argument('--tag', default='', help='appended to the JSON file name (s9 reads the table JSON of the same tag)')
     ap.add_argument('--halves', default=None, help='s8: folder of the half experts (default pins/<profile>/neulig_halves)')
     a = ap.parse_args(argv)
     t0, c0 = time.time(), time.process_time()
-    out = {'s7': s7, 's8': s8, 'cost': cost, 'probe': probe, 'cross': cross, 'gap': gap, 'table': table}[a.cmd](a)
+    out = {'s7': s7, 's8': s8, 'cost': cost, 'probe': probe, 'cross': cross, 'gap': gap, 'table': table, 's9': s9}[a.cmd](a)
     out['seconds'] = {'wall': round(time.time() - t0), 'cpu': round(time.process_time() - c0)}
     dest = REPO/'bench'/'diagnose_neulig'/f"{out['profile']}_{a.cmd}{'_' + str(a.steps) if a.steps else ''}{'_' + Path(a.pretrained).parent.name if a.pretrained else ''}{'_' + a.tag if a.tag else ''}.json"
     dest.parent.mkdir(exist_ok=True); dest.write_text(json.dumps(out, indent=1))
