@@ -11,7 +11,7 @@
     python bench/diagnose_neulig.py gap --profile tiny                 # Table s5's Gap taken apart: each member's logits on each task, the uniform ensemble and merge
     python bench/diagnose_neulig.py table --profile tiny               # Table s5 as experiment 10 computes it (every baseline, NeuLig in both settings) and the Gap claims' margins
     python bench/diagnose_neulig.py s9 --profile tiny                  # Table s9 as experiment 10 computes it, its Gap claim against `table`'s smallest baseline Gap (run `table` first)
-    python bench/diagnose_neulig.py {gap,table,s9} --profile tiny --clip DIR/clip-vit-tiny --experts 'DIR/clip-vit-tiny_{task}' --tag NAME   # a candidate zoo
+    python bench/diagnose_neulig.py {s7,gap,table,s9} --profile tiny --clip DIR/clip-vit-tiny --experts 'DIR/clip-vit-tiny_{task}' --tag NAME   # a candidate zoo
 
 s7. The CoopVec Map replaces each test sample's CoopVec by its dataset's mean CoopVec (the map row of the sample's
 *known* dataset). It can only differ much from per-sample CoopVecs where per-sample CoopVecs differ from their
@@ -113,7 +113,7 @@ def routing_summary(df:pd.DataFrame, names)->dict:
 
 
 def s7(a):
-    P, B, models, tasks, data = setup(a.profile)
+    P, B, models, tasks, data = setup(a.profile, a.experts, a.clip)
     T = list(P.tasks); pre = models.vision_state(PRETRAINED); experts = {t: models.vision_state(t) for t in T}
     steps = a.steps or B['neulig_steps']
     out = {'profile': P.name, 'steps': steps, 'lr': B['neulig_lr'], 'batch_size': B['neulig_batch_size'], 'settings': {}}
@@ -370,8 +370,8 @@ def main(argv=None):
     ap.add_argument('--settings', nargs='*', default=['semi-supervised', 'supervised'])
     ap.add_argument('--pretrained', default=None, help='probe: another pre-trained CLIP folder (a construction candidate)')
     ap.add_argument('--subset', type=int, default=None, help="s8: test samples per task of the 'subset' evaluation (default the profile's neulig_transfer_test_samples; 100 before this issue)")
-    ap.add_argument('--experts', default=None, help="gap, table, s9: a candidate's expert folders, '{task}' replaced (bench/neulig_candidate_experts.py)")
-    ap.add_argument('--clip', default=None, help="gap, table, s9: a candidate's pre-trained CLIP folder (bench/neulig_candidate_clip.py)")
+    ap.add_argument('--experts', default=None, help="s7, gap, table, s9: a candidate's expert folders, '{task}' replaced (bench/neulig_candidate_experts.py)")
+    ap.add_argument('--clip', default=None, help="s7, gap, table, s9: a candidate's pre-trained CLIP folder (bench/neulig_candidate_clip.py)")
     ap.add_argument('--tag', default='', help='appended to the JSON file name (s9 reads the table JSON of the same tag)')
     ap.add_argument('--halves', default=None, help='s8: folder of the half experts (default pins/<profile>/neulig_halves)')
     a = ap.parse_args(argv)
