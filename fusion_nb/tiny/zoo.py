@@ -6,13 +6,14 @@ Docs: https://fusion-nb.github.io/fusion_nb/tiny/zoo.html.md"""
 
 # %% ../../nbs/tiny/14_zoo.ipynb #f4cf3f51
 from __future__ import annotations
-import contextlib, shutil, tempfile
+import contextlib, math, shutil, tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, CLIPModel
 
@@ -25,8 +26,8 @@ from .finetune import finetune_vision, pixel_values
 from .tasks import SPLITS, TASKS, pretraining_corpus, vocabulary
 
 # %% auto #0
-__all__ = ['ZOO_CONFIGS', 'EXPERT_TASKS', 'ZooConfig', 'zoo_config', 'deterministic', 'clip_loss', 'pretrain_clip',
-           'finetune_expert']
+__all__ = ['ZOO_CONFIGS', 'EXPERT_TASKS', 'MAX_LOGIT_SCALE', 'ZooConfig', 'zoo_config', 'deterministic', 'clip_loss',
+           'clip_optimizer', 'clamp_temperature', 'pretrain_clip', 'finetune_expert']
 
 # %% ../../nbs/tiny/14_zoo.ipynb #82e43fa5
 @dataclass(frozen=True)
@@ -70,6 +71,19 @@ def clip_loss(model_output)->torch.Tensor:
     labels = torch.arange(model_output.logits_per_image.shape[0], device=model_output.logits_per_image.device)
     return (F.cross_entropy(model_output.logits_per_image, labels) + F.cross_entropy(model_output.logits_per_text, labels)) / 2
 
+# %% ../../nbs/tiny/14_zoo.ipynb #97ac31e0
+MAX_LOGIT_SCALE = math.log(100)   # CLIP's clamp of the learned temperature (open_clip `train.py`)
+
+def clip_optimizer(clip:nn.Module, lr:float, weight_decay:float)->torch.optim.AdamW:
+    "AdamW as open_clip builds it: weight decay on the parameters with ≥ 2 dimensions only (gains, biases, temperature exempt)."
+    params = [p for p in clip.parameters() if p.requires_grad]
+    return torch.optim.AdamW([{'params': [p for p in params if p.ndim >= 2], 'weight_decay': weight_decay},
+                              {'params': [p for p in params if p.ndim < 2], 'weight_decay': 0.0}], lr=lr)
+
+def clamp_temperature(clip:nn.Module)->None:
+    "Keep the learned temperature at or below 100, as CLIP's training does after every step."
+    with torch.no_grad(): clip.logit_scale.clamp_(0, MAX_LOGIT_SCALE)
+
 # %% ../../nbs/tiny/14_zoo.ipynb #bda46d3e
 def pretrain_clip(out_dir:str|Path, # CLIPModel directory to write (with tokenizer and image processor)
                   cfg:ZooConfig, # sizes and budgets
@@ -92,7 +106,7 @@ def pretrain_clip(out_dir:str|Path, # CLIPModel directory to write (with tokeniz
         x = pixel_values(proc, [p[0] for p in pairs])
         t = tok([p[1] for p in pairs], padding='max_length', truncation=True, max_length=tok.model_max_length, return_tensors='pt')
         g = seed_everything(seed)
-        opt = torch.optim.AdamW(clip.parameters(), lr=cfg.pretrain_lr, weight_decay=cfg.pretrain_weight_decay)
+        opt = clip_optimizer(clip, lr=cfg.pretrain_lr, weight_decay=cfg.pretrain_weight_decay)
         clip.train()
         bar = tqdm(range(cfg.pretrain_steps), desc='pretrain CLIP', disable=not progress, leave=False)
         for step in bar:
@@ -102,6 +116,7 @@ def pretrain_clip(out_dir:str|Path, # CLIPModel directory to write (with tokeniz
             value = loss.item()
             if value != value: raise NonFiniteError(f"pretrain_clip: the loss is NaN at step {step} (lr={cfg.pretrain_lr})")
             opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+            clamp_temperature(clip)
             if history is not None: history.append(value)
             bar.set_postfix(loss=f'{value:.3f}')
         clip.eval()
