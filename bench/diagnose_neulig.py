@@ -342,7 +342,12 @@ def s9(a):
     "Table s9 as experiment 10 computes it (NeuLig, semi-supervised, at each data scale) and its Gap claim's margin against `table`'s smallest baseline Gap."
     from fusion_nb.neulig.neulig import consistency_table, neulig_records
     P, B, models, tasks, data = setup(a.profile, a.experts, a.clip)
-    base = json.loads((REPO/'bench'/'diagnose_neulig'/f"{P.name}_table{'_' + a.tag if a.tag else ''}.json").read_text())['Avg.']
+    src = REPO/'bench'/'diagnose_neulig'/f"{P.name}_table{'_' + a.tag if a.tag else ''}.json"
+    if not src.exists(): raise SystemExit(f"s9 needs {src.name}: run `table` with the same --tag (and --clip/--experts) first")
+    table_run = json.loads(src.read_text())
+    if table_run['experts'] != (a.experts or 'pinned'):   # the baselines' gaps must be of this zoo
+        raise SystemExit(f"{src.name} was measured on experts {table_run['experts']!r}, not {a.experts or 'pinned'!r}: give the --tag of this zoo's `table` run")
+    base = table_run['Avg.']
     base_gap = {k: v['Gap'] for k, v in base.items() if v['Gap'] is not None and not k.startswith('NeuLig')}
     T = list(P.tasks); pre = models.vision_state(PRETRAINED); experts = {t: models.vision_state(t) for t in T}
     EVAL = dict(batch_size=P.batch_size, max_samples=B['neulig_scale_test_samples'], seed=P.seed, num_workers=P.num_workers, autocast=P.autocast)
@@ -356,7 +361,7 @@ def s9(a):
     gaps = st.loc['Gap', [c for c in st.columns if float(c) >= 0.1]]   # the claim: "even at a scale of 0.1"
     least = min(base_gap, key=base_gap.get)
     out = {'profile': P.name, 'experts': a.experts or 'pinned', 'clip': a.clip or 'pinned', 'Table s9': st.round(2).to_dict(),
-           'smallest baseline Gap (table)': {least: base_gap[least]}, 'largest Gap at scale >= 0.1': round(float(gaps.max()), 2),
+           'smallest baseline Gap (table)': {least: base_gap[least]}, 'table file': src.name, 'largest Gap at scale >= 0.1': round(float(gaps.max()), 2),
            'Table s9: smallest baseline Gap minus the largest Gap at scale >= 0.1': round(float(base_gap[least] - gaps.max()), 2)}
     print(json.dumps({k: v for k, v in out.items() if k != 'Table s9'}), flush=True)
     return out
