@@ -1,5 +1,10 @@
 """A candidate tiny CLIP pre-trained as open_clip does it (issue 48, paper 001's Gap claims) — bench only.
 
+Since 2026-12-06 this is the zoo's own recipe (issue 48 adopted it: `fusion_nb.tiny.zoo.clip_optimizer` and
+`clamp_temperature`, which this script now calls; seed 0 builds the pinned CLIP byte for byte). The script stays for the
+records it made (the three builds the adoption was decided on, /work/scratch-48) and for `--init-scale`, which the zoo lacks.
+The text below is the case as it was made before the adoption.
+
 The tiny zoo's `pretrain_clip` applies AdamW's weight decay to every parameter, the learned temperature (`logit_scale`)
 included, and never clamps it: after 8,000 steps the tiny CLIP's scale is 15.7, barely above its initial 14.3. The
 reference training code (open_clip: its `main.py` gives parameters with ndim < 2 or named 'bn', 'ln', 'bias', 'logit_scale'
@@ -24,7 +29,7 @@ from fusion_nb.pools import load_image_processor
 from fusion_nb.tiny.clip_factory import make_clip_dir
 from fusion_nb.tiny.finetune import pixel_values
 from fusion_nb.tiny.tasks import NEULIG_TASKS, pretraining_corpus, vocabulary
-from fusion_nb.tiny.zoo import clip_loss, deterministic, finetune_expert, zoo_config
+from fusion_nb.tiny.zoo import clamp_temperature, clip_loss, clip_optimizer, deterministic, finetune_expert, zoo_config
 
 ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
 ap.add_argument('out'); ap.add_argument('--threads', type=int, default=2); ap.add_argument('--steps', type=int, default=0)
@@ -52,15 +57,13 @@ with deterministic(a.threads):
             t = tok([p[1] for p in pairs], padding='max_length', truncation=True, max_length=tok.model_max_length, return_tensors='pt')
             print('corpus rendered', round(time.time() - t0), 's', flush=True)
             g = seed_everything(seed)
-            decay = [p for n, p in clip.named_parameters() if p.ndim >= 2 and 'logit_scale' not in n]   # open_clip's exclusion rule
-            rest = [p for n, p in clip.named_parameters() if not (p.ndim >= 2 and 'logit_scale' not in n)]
-            opt = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.pretrain_weight_decay}, {'params': rest, 'weight_decay': 0.0}], lr=cfg.pretrain_lr)
+            opt = clip_optimizer(clip, cfg.pretrain_lr, cfg.pretrain_weight_decay)   # open_clip's exclusion rule, the zoo's since the adoption
             clip.train()
             for step in range(steps):
                 i = torch.randint(0, len(pairs), (cfg.pretrain_batch,), generator=g)
                 loss = clip_loss(clip(input_ids=t['input_ids'][i], attention_mask=t['attention_mask'][i], pixel_values=x[i]))
                 opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
-                with torch.no_grad(): clip.logit_scale.clamp_(0, math.log(100))   # CLIP's clamp
+                clamp_temperature(clip)   # CLIP's clamp at 100
                 if step % 100 == 0 or step == steps - 1:
                     log['scale'].append(round(clip.logit_scale.exp().item(), 2)); log['loss'].append(round(loss.item(), 4))
                     print(step, log['loss'][-1], log['scale'][-1], round(time.time() - t0), 's', flush=True)
