@@ -215,7 +215,7 @@ def main(argv=None)->int:
     table = spread_table(runs)
     out = a.out or REPO/'data'/'paper_values'/f'build_spread_{a.profile}.csv'
     this_run = (f"python bench/build_spread.py --profile {a.profile} --only {' '.join(a.only)} --seeds {' '.join(map(str, a.seeds))}{' --papermill' if a.papermill else ''}"
-                + (f" --keep-rows {' '.join(keep_rows)}" if keep_rows else '')
+                + (f" --keep-rows {' '.join(keep_rows)}" if keep_rows else '') + (' --keep-pinned' if a.keep_pinned else '')
                 + (f" (outputs of an earlier run reused: {total:.0f} s of experiments, builds not timed)" if a.reuse and not a.papermill else f" ({total:.0f} s)"))
     recipes, runs_before = {'zoo': manifest['recipes']['zoo']}, []
     llava = sorted((root/'data'/a.profile/'llava').glob('zoo-*/recipe.json'))
