@@ -4,6 +4,7 @@
     python bench/diagnose_masking.py --profile tiny             # the measurement (one seed, one rate/threshold per strategy)
     python bench/diagnose_masking.py --profile tiny --runs --zoo --tag _zoo   # inference only: zero-shot and the zoo's ImageNet expert
     python bench/diagnose_masking.py --profile tiny --runs vanilla_ft --pretrained DIR --tag _NAME   # P0-P2 on a candidate pre-trained CLIP
+    python bench/diagnose_masking.py --profile tiny --object-scale 0.6 --datasets D --tag _cand_NAME   # on a candidate ImageNet stand-in (bench/masking_candidate.py)
 
 Paper 003's mechanism (section 3.1.2, Fig. 3; section 3.2.2, Fig. 4): vanilla fine-tuning learns a spurious
 context → label correlation of the ID data, which the OOD shifts break, so it loses OOD accuracy; counterfactual
@@ -102,9 +103,25 @@ def main(argv=None):
     ap.add_argument('--tag', default='', help='suffix of the output file')
     ap.add_argument('--by_background', action='store_true', help='accuracy on the ID and IN-V2 test images split by own / other background')
     ap.add_argument('--pretrained', default=None, help="another pre-trained CLIP folder (a construction candidate, e.g. issue 47's); default the profile's")
+    ap.add_argument('--datasets', default=None, help='a folder of candidate ImageNet-family datasets (bench/masking_candidate.py); default the profile\'s')
+    ap.add_argument('--object-jitter', type=float, default=None, help='the candidate renderer\'s centre jitter (bench/masking_candidate.py)')
+    ap.add_argument('--cue', type=float, default=None, help="the candidate's share of ID images on their own background (bench/masking_candidate.py)")
+    ap.add_argument('--object-scale', type=float, default=None, help='the candidate renderer of bench/masking_candidate.py (probes and object masks follow it); give it with --datasets')
     a = ap.parse_args(argv)
+    if (a.object_jitter is not None or a.cue is not None) and a.object_scale is None: ap.error('--object-jitter and --cue need --object-scale and --datasets')
+    if (a.datasets is None) != (a.object_scale is None): ap.error('--datasets and --object-scale go together (the probes and object masks must come from the renderer that built the datasets)')
+    if a.object_scale is not None:
+        from masking_candidate import object_scale
+        with object_scale(a.object_scale, a.object_jitter, a.cue): return run(a)
+    return run(a)
+
+
+def run(a):
     t_start, c_start = time.time(), time.process_time()
     P = prepare(load_profile(a.profile, tasks=['imagenet', *OOD]))
+    if a.datasets:
+        from dataclasses import replace
+        P = replace(P, datasets={t: str(Path(a.datasets)/t) for t in ['imagenet', *OOD]})
     B = finetune_budget(P)
     models = ModelPool(a.pretrained or P.pretrained, {}, P.device, P.dtype)
     tasks = TaskPool([Task(t, P.datasets[t], split=P.test_split) for t in ['imagenet', *OOD]])
@@ -114,7 +131,7 @@ def main(argv=None):
     test_sets = {t: tasks[t].load(P.test_split, max_samples=P.max_test_samples, seed=P.seed) for t in ['imagenet', *OOD]}
     head = cached_zeroshot_head(clip, tok, ID.class_names, ID.templates, device=P.device)
     zs = ZeroShotLogits(clip.visual_projection, clip.logit_scale, head).to(P.device).eval()
-    out = {'profile': P.name, 'pretrained': str(a.pretrained or P.pretrained), 'seed': a.seed, 'budget': B, 'neutral_backgrounds': NEUTRAL, 'own_background_share': OWN_BG_SHARE, 'runs': {}}
+    out = {'profile': P.name, 'pretrained': str(a.pretrained or P.pretrained), 'datasets': a.datasets, 'object_scale': a.object_scale, 'object_jitter': a.object_jitter, 'cue': a.cue, 'seed': a.seed, 'budget': B, 'neutral_backgrounds': NEUTRAL, 'own_background_share': {**OWN_BG_SHARE, 'imagenet': T.IMAGENET_CUE}, 'runs': {}}   # the ID share read at run time: a candidate's --cue
 
     encoders, seconds = {'zero_shot': clip.vision_model.eval()}, {}
     for name in a.runs:

@@ -14,6 +14,8 @@ spread of that margin), `verdicts_across_builds` for paper 002's criteria (a ver
 The findings and their directions are read from a run's `findings*.csv` (`--outputs`): what each notebook claimed, in its words;
 the values judged are the file's seed 0, and each experiment's line says in how many findings the run's own value is that seed 0
 (`same_as_seed0`; where it is not, the run is not the build the file measured, and its verdicts are not these).
+Where a notebook judged a claim over its own seeds (`verdict over seeds`: 30 and 31's "within noise"), that verdict is the run's,
+so a claim whose run is not the file's seed 0 is counted as not judged rather than mixed with seed 0's value.
 """
 from __future__ import annotations
 import argparse, sys
@@ -29,6 +31,7 @@ from build_spread import seed_columns
 
 REPO = Path(__file__).resolve().parents[1]
 ORDERINGS, CLAIMS, CRITERIA = ('04', '40'), ('10', '30', '31'), ('20', '21')
+NOT_SEED0 = "not judged (the run's seeds are another build's than the file's seed 0)"
 
 def orderings(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataFrame:
     "Each 'A > B' of a findings table judged on the table rows A and B of the spread file (the table holding both)."
@@ -57,6 +60,8 @@ def claims(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataFram
     f['difference (points)'] = [builds.loc[c, 'seed 0'] if c in builds.index else d for c, d in zip(f.index, run)]
     out = claims_beyond_spread(f, builds, signs)
     out['seed 0 is this run'] = [c in builds.index and same_as_seed0(d, builds.loc[c, seed_columns(builds)]) for c, d in zip(f.index, run)]
+    if 'verdict over seeds' in found.columns:   # the seeds' verdict (30, 31: 'within noise') is the run's own: judged with the file's seed 0 only where the run is that build
+        out.loc[~out['seed 0 is this run'], 'verdict'] = NOT_SEED0
     return out
 
 def criteria(spread:pd.DataFrame, experiment:str, found:pd.DataFrame)->pd.DataFrame:
