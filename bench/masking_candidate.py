@@ -1,5 +1,5 @@
-"""A candidate ImageNet stand-in for paper 003 (issue 48, item 3): the same renderers with the objects drawn smaller, built
-into a scratch folder so that `bench/diagnose_masking.py` can measure P1–P3 on it. Bench only: the package, the benchmark
+"""A candidate ImageNet stand-in for paper 003 (issue 48, item 3): the same renderers with the objects drawn smaller or larger,
+moved further off-centre or shown more often on their class's background, built into a scratch folder so that `bench/diagnose_masking.py` can measure P1–P3 on it. Bench only: the package, the benchmark
 build, the zoo and its pins are unchanged.
 
     python bench/masking_candidate.py --object-scale 0.6 --out D          # renders imagenet and its five shifts into D/<task> (tiny scale)
@@ -55,9 +55,10 @@ def main(argv=None):
     t0 = time.time()
     with object_scale(a.object_scale, a.object_jitter, a.cue):
         T.build_datasets(a.out, a.scale, tasks=T.IMAGENET_TASKS, progress=False)
-        # a look at what changed: 4 images of each of the first 6 classes
+        # a look at what changed: 8 training images of every class, one row a class, enlarged 3x
         from PIL import Image
-        Image.fromarray(T.sample_grid('imagenet', per_class=8)).resize((8 * 34 * 3, 12 * 34 * 3), Image.NEAREST).save(Path(a.out)/'sample_grid.png')
+        grid = Image.fromarray(T.sample_grid('imagenet', per_class=8))
+        grid.resize((3 * grid.width, 3 * grid.height), Image.NEAREST).save(Path(a.out)/'sample_grid.png')
     print(f'built {", ".join(T.IMAGENET_TASKS)} into {a.out} in {time.time() - t0:.0f} s')
 
 

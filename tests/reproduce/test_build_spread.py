@@ -131,19 +131,3 @@ def test_judging_a_run_of_another_build_keeps_its_seed_verdicts_out(tmp_path):
     assert same['verdict'].tolist() == ['holds', 'within noise'] and same['seed 0 is this run'].all()
     other = judge.claims(spread, '30_y', found(1.4, 0.2))   # A's value is another build's: its seeds' verdict is not seed 0's
     assert other['verdict'].tolist() == [judge.NOT_SEED0, 'within noise']
-
-def test_the_masking_candidate_changes_the_imagenet_renderer_only_inside():
-    "bench/masking_candidate.py: smaller objects while inside (the object mask shrinks with them), the renderer as it was after; bad factors refused."
-    import numpy as np, pytest
-    from fusion_nb.tiny import tasks as T
-    cand = bench_module('masking_candidate')
-    draw = lambda: T.imagenet_scene(T._rng(0, 'imagenet', 'train', 3), 3, 'imagenet')
-    before_image, before_mask = draw()
-    with cand.object_scale(0.6, cue=1.0):
-        small_image, small_mask = draw()
-        assert T.IMAGENET_CUE == 1.0
-    after_image, after_mask = draw()
-    assert 0 < small_mask.sum() < 0.6 * before_mask.sum() and T.IMAGENET_CUE == 0.9
-    assert np.array_equal(np.asarray(after_image), np.asarray(before_image)) and np.array_equal(after_mask, before_mask)
-    with pytest.raises(ValueError, match='object-scale'):
-        with cand.object_scale(5): pass
