@@ -3,6 +3,7 @@
     python bench/portable_kernels.py                         # micro: its run-time training, native vs portable, twice each
     python bench/portable_kernels.py --profile tiny --steps 20   # tiny's models and batches, 20 steps of each learned part
     python bench/portable_kernels.py --profile tiny --steps 10 --knobs   # which of the three settings costs the time
+    python bench/portable_kernels.py --profile tiny --steps 10 --qemu Skylake-Client   # portable here and under QEMU's Intel: same hashes?
 
 Experiment 10 declares `cpu_kernels = "portable"`: `fusion-nb reproduce` starts its kernel with
 `fusion_nb.reproduce.runner.PORTABLE_KERNELS`. This runs the parts of it that train at run time — NeuLig's Portland
@@ -56,8 +57,9 @@ for r in ('regmean', 'layer_wise_adamerging', 'weight_ensembling_moe'):
 print(json.dumps({'capability': torch.backends.cpu.get_cpu_capability(), 'seconds': seconds, 'hashes': hashes}))
 """
 
-def run(profile:str, steps:int, env:dict)->dict:
-    r = subprocess.run([sys.executable, '-c', PART, profile, str(steps)], env=env, capture_output=True, text=True, cwd=REPO)
+def run(profile:str, steps:int, env:dict, qemu:str|None=None)->dict:
+    cmd = [sys.executable, '-c', PART, profile, str(steps)]
+    r = subprocess.run(['qemu-x86_64', '-cpu', qemu, *cmd] if qemu else cmd, env=env, capture_output=True, text=True, cwd=REPO)
     if r.returncode: sys.exit(r.stderr[-3000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -69,11 +71,13 @@ def main(argv=None)->int:
     ap.add_argument('--profile', default='micro'); ap.add_argument('--steps', type=int, default=0, help="each learned part's steps (0: the profile's)")
     ap.add_argument('--repeats', type=int, default=2)
     ap.add_argument('--knobs', action='store_true', help="also each portable setting alone, and the portable ones with ATen's AVX2 loops: which costs the time")
+    ap.add_argument('--qemu', help="a QEMU CPU model (`qemu-x86_64 -cpu help`): the portable kernels here and under its emulation, hashes compared")
     a = ap.parse_args(argv)
     cap_name, cap = other_cpu_env()
-    base = {k: v for k, v in os.environ.items() if k not in {*cap, 'ATEN_CPU_CAPABILITY', 'MKL_CBWR', 'MKL_ENABLE_INSTRUCTIONS', 'ONEDNN_MAX_CPU_ISA'}}
+    base = {k: v for k, v in os.environ.items() if k not in {*cap, *PORTABLE_KERNELS, 'MKL_ENABLE_INSTRUCTIONS'}}
     base |= {'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}
     settings = {'native': base, 'portable': kernel_env('portable', base)}
+    if a.qemu: return emulated(a.profile, a.steps, settings['portable'], a.qemu)
     if a.knobs: settings |= {k: {**base, **v} for k, v in ALONE.items()} | {k: {**kernel_env('portable', base), **v} for k, v in VARIANTS.items()}
     print(f"profile {a.profile}, steps: {a.steps or 'the profile'}'s, this CPU's kernels {cap_name}, capped with {cap}, "
           f"{base['OMP_NUM_THREADS']} thread(s), load {os.getloadavg()[0]:.1f}", flush=True)
@@ -99,6 +103,15 @@ def main(argv=None)->int:
     print("\n" + "; ".join(f"{n}: {'the same bytes' if ok else 'OTHER BYTES'} under the cap" for n, ok in same.items()) +
           f"; native: {sum(capped['native']['hashes'][p] != runs['native'][0]['hashes'][p] for p in parts)} of {len(parts)} parts differ under the cap")
     return 0 if same['portable'] else 1
+
+def emulated(profile:str, steps:int, env:dict, qemu:str)->int:
+    "Train every part on the portable kernels here and under QEMU's emulation of CPU model `qemu`; 0 if every hash agrees."
+    here, there = run(profile, steps, env), run(profile, steps, env, qemu)
+    print(f"profile {profile}, steps: {steps or 'the profile'}'s, portable kernels, here ({here['capability']}) and under qemu-x86_64 -cpu {qemu}")
+    print("\n| part | here | emulated | s here | s emulated |\n|---|---|---|---:|---:|")
+    for p in here['hashes']: print(f"| {p} | {here['hashes'][p]} | {there['hashes'][p]} | {here['seconds'][p]:.1f} | {there['seconds'][p]:.1f} |")
+    same = sum(here['hashes'][p] == there['hashes'][p] for p in here['hashes'])
+    print(f"\n{same} of {len(here['hashes'])} parts the same bytes under the emulated CPU"); return 0 if same == len(here['hashes']) else 1
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -6,7 +6,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #e6bb2da9
 from __future__ import annotations
-import ast, contextlib, difflib, errno, hashlib, inspect, json, os, random, re, shutil, tempfile, threading, time
+import ast, contextlib, difflib, errno, hashlib, inspect, json, os, random, re, shutil, tempfile, threading, time, warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -16,11 +16,11 @@ import torch
 # %% auto #0
 __all__ = ['COMPUTE_ENV', 'DATASETS_CACHE_FILE', 'PROGRESS_MODES', 'AST_FIELDS_AFTER_311', 'FusionError',
            'IncompatibleModelsError', 'NonFiniteError', 'UnknownNameError', 'HyperparameterError', 'WriteError',
-           'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype', 'compute_env', 'current_umask',
-           'honour_umask', 'remove_stale_temps', 'human_bytes', 'tree_size', 'write_error', 'atomic_write',
-           'atomic_write_text', 'atomic_dir', 'file_hashes', 'pins_dir', 'pin_key', 'pinning', 'build_seed',
-           'read_pins', 'restore_pin', 'save_pin', 'pinned_differences', 'cached_builds', 'progress_mode', 'heartbeat',
-           'project_root', 'check_known_keys', 'ast_text', 'json_digest', 'code_digest', 'tensor_digest']
+           'check_range', 'Registry', 'seed_everything', 'get_device', 'get_dtype', 'compute_env', 'portable_sqrt',
+           'current_umask', 'honour_umask', 'remove_stale_temps', 'human_bytes', 'tree_size', 'write_error',
+           'atomic_write', 'atomic_write_text', 'atomic_dir', 'file_hashes', 'pins_dir', 'pin_key', 'pinning',
+           'build_seed', 'read_pins', 'restore_pin', 'save_pin', 'pinned_differences', 'cached_builds', 'progress_mode',
+           'heartbeat', 'project_root', 'check_known_keys', 'ast_text', 'json_digest', 'code_digest', 'tensor_digest']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -141,6 +141,31 @@ def compute_env(env:Mapping|None=None, # the child's environment (default: this 
     "`env` with `COMPUTE_ENV`'s settings where it sets none: for a child process that computes with torch (same results)."
     return {**COMPUTE_ENV, **(os.environ if env is None else env)}
 
+
+# %% ../nbs/00_core.ipynb #db87dc9e
+_PORTABLE_SQRT = None   # the torch.library registration; kept alive while the process runs
+
+def _ieee_sqrt(x:torch.Tensor)->torch.Tensor:
+    "The correctly rounded square root of a CPU tensor, by NumPy (float16/bfloat16 through float32, integers as torch does)."
+    dtype = x.dtype if x.is_floating_point() or x.is_complex() else torch.get_default_dtype()
+    a = x.detach().to(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype).contiguous()
+    out = torch.empty_like(a)
+    with np.errstate(invalid='ignore'): np.sqrt(a.numpy(), out=out.numpy())   # negative: nan, as torch gives
+    return out.to(dtype)
+
+def portable_sqrt()->None:
+    "Compute `torch.sqrt` on the CPU with the hardware's correctly rounded square root, the same bits on every CPU (idempotent)."
+    global _PORTABLE_SQRT
+    if _PORTABLE_SQRT is not None: return
+    lib = torch.library.Library('aten', 'IMPL')
+    with warnings.catch_warnings():   # torch warns that it overrides its own CPU kernel: that is the point
+        warnings.simplefilter('ignore')
+        lib.impl('sqrt', _ieee_sqrt, 'CPU')
+        lib.impl('sqrt_', lambda x: x.copy_(_ieee_sqrt(x)), 'CPU')
+        lib.impl('sqrt.out', lambda x, *, out: out.resize_(x.shape).copy_(_ieee_sqrt(x)), 'CPU')
+    _PORTABLE_SQRT = lib
+
+if os.environ.get('FUSION_NB_PORTABLE_SQRT') == '1': portable_sqrt()
 
 # %% ../nbs/00_core.ipynb #37cdcd81
 _UMASK_LOCK = threading.Lock()

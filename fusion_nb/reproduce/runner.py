@@ -171,7 +171,8 @@ def cpu_kernels(nb_path:str|Path, # the experiment notebook
 # %% ../../nbs/reproduce/92_runner.ipynb #58c6c34b
 PORTABLE_KERNELS = {'ATEN_CPU_CAPABILITY': 'default', # ATen's loops as compiled for every x86-64 CPU (no AVX)
                     'MKL_CBWR': 'COMPATIBLE', # MKL: one code path on every Intel-compatible CPU (it overrides MKL_ENABLE_INSTRUCTIONS)
-                    'ONEDNN_MAX_CPU_ISA': 'SSE41'} # oneDNN's convolutions at SSE4.1, which every x86-64 CPU of the last 15 years has
+                    'ONEDNN_MAX_CPU_ISA': 'SSE41', # oneDNN's convolutions at SSE4.1, which every x86-64 CPU of the last 15 years has
+                    'FUSION_NB_PORTABLE_SQRT': '1'} # torch.sqrt correctly rounded (MKL's refines the CPU maker's rsqrtps: notebook 00)
 
 def kernel_env(kernels:str|None, # `cpu_kernels`' value; None: the experiment computes on a GPU
                env:Mapping, # the kernel's environment without it

@@ -498,7 +498,8 @@ def test_an_experiment_that_declares_portable_kernels_runs_on_them(project, monk
     for f in exp.iterdir(): f.unlink()
     body = ("import json, os, torch\nfrom pathlib import Path\n"
             f"Path(output_dir, 'env.json').write_text(json.dumps({{k: os.environ.get(k) for k in {sorted(PORTABLE_KERNELS)!r}}}))\n"
-            "Path(output_dir, 'capability.txt').write_text(torch.backends.cpu.get_cpu_capability())\n")
+            "Path(output_dir, 'capability.txt').write_text(torch.backends.cpu.get_cpu_capability())\n"
+            "import fusion_nb.core\nPath(output_dir, 'sqrt.txt').write_text(str(fusion_nb.core._PORTABLE_SQRT is not None))\n")
     write_nb(exp/'00_portable.ipynb', body, params="profile = 'demo'\noutput_dir = None\ncpu_kernels = 'portable'   # trains at run time")
     write_nb(exp/'01_native.ipynb', body)
     for k in PORTABLE_KERNELS: monkeypatch.delenv(k, raising=False)
@@ -508,7 +509,10 @@ def test_an_experiment_that_declares_portable_kernels_runs_on_them(project, monk
     out = project/'outputs'/'demo'
     assert json.loads((out/'00_portable'/'env.json').read_text()) == PORTABLE_KERNELS
     assert (out/'00_portable'/'capability.txt').read_text() == 'DEFAULT'
-    assert json.loads((out/'01_native'/'env.json').read_text()) == {'ATEN_CPU_CAPABILITY': None, 'MKL_CBWR': None, 'ONEDNN_MAX_CPU_ISA': 'AVX'}
+    assert json.loads((out/'01_native'/'env.json').read_text()) == {'ATEN_CPU_CAPABILITY': None, 'MKL_CBWR': None, 'ONEDNN_MAX_CPU_ISA': 'AVX',
+                                                                    'FUSION_NB_PORTABLE_SQRT': None}
+    # the correctly rounded sqrt (notebook 00) is installed where portable, MKL's kept where native
+    assert [(out/n/'sqrt.txt').read_text() for n in status] == ['True', 'False']
     assert [json.loads((out/n/'inputs.json').read_text())['cpu_kernels'] for n in status] == ['portable', 'native']
 
 # --- issue 54: an interrupted or failed experiment keeps what it finished, as a partial output -----------------------
