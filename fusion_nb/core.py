@@ -165,7 +165,9 @@ def portable_sqrt()->None:
         lib.impl('sqrt.out', lambda x, *, out: out.resize_(x.shape).copy_(_ieee_sqrt(x)), 'CPU')
     _PORTABLE_SQRT = lib
 
-if os.environ.get('FUSION_NB_PORTABLE_SQRT') == '1': portable_sqrt()
+_flag = os.environ.get('FUSION_NB_PORTABLE_SQRT', '')
+if _flag not in ('', '0', '1'): raise FusionError(f"FUSION_NB_PORTABLE_SQRT={_flag!r}: expected 1 (the correctly rounded sqrt) or 0 (torch's own)")
+if _flag == '1': portable_sqrt()
 
 # %% ../nbs/00_core.ipynb #37cdcd81
 _UMASK_LOCK = threading.Lock()
