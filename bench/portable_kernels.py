@@ -14,7 +14,7 @@ measured in this run, and the hash of what was trained (the fused weights; NeuLi
 cap changes nothing; `portable` and `portable+cap` must agree. Issue 47, item 4.
 """
 from __future__ import annotations
-import argparse, json, os, subprocess, sys
+import argparse, json, os, shutil, subprocess, sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,6 +59,7 @@ print(json.dumps({'capability': torch.backends.cpu.get_cpu_capability(), 'second
 
 def run(profile:str, steps:int, env:dict, qemu:str|None=None)->dict:
     cmd = [sys.executable, '-c', PART, profile, str(steps)]
+    if qemu and not shutil.which('qemu-x86_64'): sys.exit("--qemu needs QEMU's user-mode emulator, qemu-x86_64 (Debian: apt-get install qemu-user)")
     r = subprocess.run(['qemu-x86_64', '-cpu', qemu, *cmd] if qemu else cmd, env=env, capture_output=True, text=True, cwd=REPO)
     if r.returncode: sys.exit(r.stderr[-3000:])
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -14,7 +14,7 @@ line per aten operation — its index, name, input shapes and a hash of its outp
 inputs agree (its predecessors' outputs do) and whose output does not is the one that rounds by CPU. Issue 48 / 47.
 """
 from __future__ import annotations
-import argparse, collections, json, os, subprocess, sys
+import argparse, collections, json, os, shutil, subprocess, sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +65,7 @@ def trace(profile:str, setting:str, steps:int, out:Path, qemu:str|None=None)->di
     env = kernel_env('portable', {**os.environ, 'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
                                   'OMP_NUM_THREADS': '1', 'TQDM_DISABLE': '1'})
     cmd = [sys.executable, '-c', CHILD, profile, setting, str(steps), str(Path(out).resolve())]
+    if qemu and not shutil.which('qemu-x86_64'): sys.exit("--qemu needs QEMU's user-mode emulator, qemu-x86_64 (Debian: apt-get install qemu-user)")
     if qemu: cmd = ['qemu-x86_64', '-cpu', qemu, *cmd]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
     if r.returncode: sys.exit(r.stderr[-3000:])
