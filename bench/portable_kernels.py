@@ -22,22 +22,27 @@ sys.path[:0] = [str(REPO), str(REPO/'.ci')]
 from fusion_nb.reproduce.runner import PORTABLE_KERNELS, kernel_env
 from other_cpu import other_cpu_env
 
-PART = r"""
-import hashlib, json, sys, time, tempfile
-from pathlib import Path
+SETUP = r"""
+import hashlib, json, sys
 import torch
 from fusion_nb.reproduce.profiles import load_profile
 from fusion_nb.pools import ModelPool, TaskPool, PRETRAINED
 from fusion_nb.methods.data import MergeData, profile_settings
-from fusion_nb.neulig.neulig import neulig, save_portland
-from fusion_nb.reproduce.rows import fuse, fusion_settings
+from fusion_nb.neulig.neulig import neulig
 from fusion_nb.tiny.tasks import NEULIG_TASKS
-profile, steps = sys.argv[1], int(sys.argv[2])
-P = load_profile(profile, tasks=NEULIG_TASKS)
+P = load_profile(sys.argv[1], tasks=NEULIG_TASKS)   # experiment 10's experts on the profile named first
 models, tasks = ModelPool.from_profile(P), TaskPool.from_profile(P)
 data = MergeData(models, tasks, seed=P.seed, num_workers=0)
 pre, experts = models.vision_state(PRETRAINED), {t: models.vision_state(t) for t in P.tasks}
-B = profile_settings(P, {'neulig_steps': 500, 'neulig_lr': 1e-3, 'neulig_batch_size': 16})
+D = neulig.defaults()
+B = profile_settings(P, {'neulig_steps': D['steps'], 'neulig_lr': D['lr'], 'neulig_batch_size': D['batch_size']})   # as notebook 10
+"""   # shared with bench/portable_trace.py
+
+PART = SETUP + r"""
+import time, tempfile
+from pathlib import Path
+from fusion_nb.reproduce.rows import fuse, fusion_settings
+steps = int(sys.argv[2])
 S = dict(fusion_settings(P))
 if steps: B['neulig_steps'] = S['adamerging_steps'] = S['wemoe_steps'] = steps
 out, seconds, hashes = Path(tempfile.mkdtemp()), {}, {}

@@ -18,19 +18,13 @@ import argparse, collections, json, os, shutil, subprocess, sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
+sys.path[:0] = [str(REPO), str(REPO/'bench')]
+from portable_kernels import SETUP   # experiment 10's experts and NeuLig's budget, as the hashes of bench/portable_kernels.py see them
 
-CHILD = r"""
-import hashlib, json, sys
-import torch
+CHILD = SETUP + r"""
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from fusion_nb.reproduce.profiles import load_profile
-from fusion_nb.pools import ModelPool, TaskPool, PRETRAINED
-from fusion_nb.methods.data import MergeData, profile_settings
-from fusion_nb.neulig.neulig import neulig
-from fusion_nb.tiny.tasks import NEULIG_TASKS
-profile, setting, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+setting, steps, out = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 
 def digest(x):
     if not torch.is_tensor(x): return None
@@ -48,11 +42,6 @@ class Trace(TorchDispatchMode):
         self.f.write(json.dumps([self.i, str(func), ins, outs]) + '\n'); self.i += 1
         return out
 
-P = load_profile(profile, tasks=NEULIG_TASKS)
-models, tasks = ModelPool.from_profile(P), TaskPool.from_profile(P)
-data = MergeData(models, tasks, seed=P.seed, num_workers=0)
-pre, experts = models.vision_state(PRETRAINED), {t: models.vision_state(t) for t in P.tasks}
-B = profile_settings(P, {'neulig_steps': 500, 'neulig_lr': 1e-3, 'neulig_batch_size': 16})
 with open(out, 'w') as f, Trace(f) as mode:
     neulig(pre, experts, data=data, setting=setting, steps=steps, lr=B['neulig_lr'], batch_size=B['neulig_batch_size'],
            seed=P.seed, progress=False)

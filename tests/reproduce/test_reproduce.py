@@ -499,7 +499,8 @@ def test_an_experiment_that_declares_portable_kernels_runs_on_them(project, monk
     body = ("import json, os, torch\nfrom pathlib import Path\n"
             f"Path(output_dir, 'env.json').write_text(json.dumps({{k: os.environ.get(k) for k in {sorted(PORTABLE_KERNELS)!r}}}))\n"
             "Path(output_dir, 'capability.txt').write_text(torch.backends.cpu.get_cpu_capability())\n"
-            "import fusion_nb.core\nPath(output_dir, 'sqrt.txt').write_text(str(fusion_nb.core._PORTABLE_SQRT is not None))\n")
+            "import numpy as np, fusion_nb.core\nx = torch.rand(100_000) * 1e3\n"   # torch.sqrt is the correctly rounded one?
+            "Path(output_dir, 'sqrt.txt').write_text(str(torch.equal(torch.sqrt(x), torch.from_numpy(np.sqrt(x.numpy())))))\n")
     write_nb(exp/'00_portable.ipynb', body, params="profile = 'demo'\noutput_dir = None\ncpu_kernels = 'portable'   # trains at run time")
     write_nb(exp/'01_native.ipynb', body)
     for k in PORTABLE_KERNELS: monkeypatch.delenv(k, raising=False)
@@ -511,8 +512,10 @@ def test_an_experiment_that_declares_portable_kernels_runs_on_them(project, monk
     assert (out/'00_portable'/'capability.txt').read_text() == 'DEFAULT'
     assert json.loads((out/'01_native'/'env.json').read_text()) == {'ATEN_CPU_CAPABILITY': None, 'MKL_CBWR': None, 'ONEDNN_MAX_CPU_ISA': 'AVX',
                                                                     'FUSION_NB_PORTABLE_SQRT': None}
-    # the correctly rounded sqrt (notebook 00) is installed where portable, MKL's kept where native
-    assert [(out/n/'sqrt.txt').read_text() for n in status] == ['True', 'False']
+    # the correctly rounded sqrt (notebook 00) where portable; MKL's, one unit off on some inputs, where native
+    assert (out/'00_portable'/'sqrt.txt').read_text() == 'True'
+    import torch
+    if torch.backends.mkl.is_available(): assert (out/'01_native'/'sqrt.txt').read_text() == 'False'
     assert [json.loads((out/n/'inputs.json').read_text())['cpu_kernels'] for n in status] == ['portable', 'native']
 
 # --- issue 54: an interrupted or failed experiment keeps what it finished, as a partial output -----------------------
