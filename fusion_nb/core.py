@@ -153,6 +153,12 @@ def _ieee_sqrt(x:torch.Tensor)->torch.Tensor:
     with np.errstate(invalid='ignore'): np.sqrt(a.numpy(), out=out.numpy())   # negative: nan, as torch gives
     return out.to(dtype)
 
+def _ieee_sqrt_out(x:torch.Tensor, *, out:torch.Tensor)->torch.Tensor:
+    "`torch.sqrt(x, out=out)` by `_ieee_sqrt`, refusing the casts torch refuses (a float root into an integer `out`)."
+    r = _ieee_sqrt(x)
+    if not torch.can_cast(r.dtype, out.dtype): raise RuntimeError(f"result type {r.dtype} can't be cast to the desired output type {out.dtype}")
+    return out.resize_(x.shape).copy_(r)
+
 def portable_sqrt()->None:
     "Compute `torch.sqrt` on the CPU with the hardware's correctly rounded square root, the same bits on every CPU (idempotent)."
     global _PORTABLE_SQRT
@@ -162,7 +168,7 @@ def portable_sqrt()->None:
         warnings.simplefilter('ignore')
         lib.impl('sqrt', _ieee_sqrt, 'CPU')
         lib.impl('sqrt_', lambda x: x.copy_(_ieee_sqrt(x)), 'CPU')
-        lib.impl('sqrt.out', lambda x, *, out: out.resize_(x.shape).copy_(_ieee_sqrt(x)), 'CPU')
+        lib.impl('sqrt.out', _ieee_sqrt_out, 'CPU')
     _PORTABLE_SQRT = lib
 
 _flag = os.environ.get('FUSION_NB_PORTABLE_SQRT', '')
