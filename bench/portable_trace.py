@@ -4,6 +4,8 @@
     python bench/portable_trace.py trace --qemu Cascadelake-Server --out T_intel.jsonl         # the same under QEMU's Intel
     python bench/portable_trace.py diff A.jsonl B.jsonl                                       # the first operation that differs
     python bench/portable_trace.py only A.jsonl B.jsonl        # operations (with their shapes) A runs and B never does
+    python bench/portable_trace.py probe --set MKL_CBWR=AVX2 --qemu Skylake-Client --out P.json   # some kernels' bytes, other settings
+    python bench/portable_trace.py compare P0.json P1.json ...     # which kernels of each probe differ from the first's
 
 Experiment 10 runs on `PORTABLE_KERNELS` (notebook 92), and on two CPUs (an Intel Xeon, an AMD EPYC, both AVX-512) its
 supervised NeuLig, RegMean, AdaMerging and WE-MoE give the same bytes while its semi-supervised NeuLig does not (guide 04).
@@ -60,6 +62,33 @@ def trace(profile:str, setting:str, steps:int, out:Path, qemu:str|None=None)->di
     if r.returncode: sys.exit(r.stderr[-3000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
+PROBE = r"""
+import hashlib, json, os, torch
+torch.set_num_threads(1); g = torch.Generator().manual_seed(0)
+h = lambda t: hashlib.blake2b(t.contiguous().view(torch.uint8).numpy().tobytes(), digest_size=6).hexdigest()
+out = {}
+for m, k, n in [(400, 128, 384), (400, 128, 128), (400, 128, 512), (400, 512, 128), (7, 128, 128), (64, 768, 128), (1000, 128, 10)]:
+    a, b, c = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g), torch.randn(n, generator=g)
+    out[f'mm {m}x{k}x{n}'] = h(a @ b); out[f'addmm {m}x{k}x{n}'] = h(torch.addmm(c, a, b)); out[f'mm aT {m}x{k}x{n}'] = h(a.t() @ torch.randn(m, n, generator=g))
+out['bmm'] = h(torch.randn(8, 4, 50, 32, generator=g) @ torch.randn(8, 4, 32, 50, generator=g))
+x = torch.randn(200_000, generator=g)
+for f in ('exp', 'log', 'tanh', 'erf', 'sigmoid', 'rsqrt', 'sqrt', 'log1p', 'expm1'): out[f] = h(getattr(torch, f)(x.abs() + 0.1 if f in ('log', 'rsqrt', 'sqrt') else x))
+out['softmax'] = h(torch.softmax(torch.randn(400, 512, generator=g), -1)); out['gelu'] = h(torch.nn.functional.gelu(x))
+out['layer_norm'] = h(torch.nn.functional.layer_norm(torch.randn(400, 128, generator=g), (128,)))
+print(json.dumps(out))
+"""
+
+def probe(settings:list[str], qemu:str|None=None)->dict:
+    "Hashes of some kernels' outputs (matmuls at tiny's shapes, unary functions) in a fresh process: the portable kernels with `settings` (K=V) over them."
+    from fusion_nb.reproduce.runner import kernel_env
+    env = {**kernel_env('portable', {**os.environ, 'PYTHONPATH': str(REPO), 'OMP_NUM_THREADS': '1'}), **dict(s.split('=', 1) for s in settings)}
+    env = {k: v for k, v in env.items() if v != ''}   # K= : unset K
+    cmd = [sys.executable, '-c', 'import fusion_nb.core\n' + PROBE]   # fusion_nb.core: the portable sqrt, where FUSION_NB_PORTABLE_SQRT=1
+    if qemu: cmd = ['qemu-x86_64', '-cpu', qemu, *cmd]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    if r.returncode: sys.exit(r.stderr[-3000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
 def read(path:Path)->list[list]: return [json.loads(l) for l in Path(path).read_text().splitlines()]
 
 def diff(a:Path, b:Path, context:int=3)->int:
@@ -84,6 +113,16 @@ def only(a:Path, b:Path)->int:
     for (op, shapes), k in sorted(extra.items()): print(f"{k:6d} × {op} {shapes}")
     print(f"{len(extra)} operation/shape pairs of {a} are not in {b}"); return 0
 
+def compare(paths:list[Path])->int:
+    "Print, for each probe after the first, the kernels whose bytes differ from the first's."
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    name = lambda r: f"{r['qemu'] or 'this CPU'} {' '.join(r['set']) or '(portable)'}"
+    print(f"against {name(runs[0])}:")
+    for r in runs[1:]:
+        bad = [k for k, v in r['hashes'].items() if runs[0]['hashes'].get(k) != v]
+        print(f"  {name(r):55s} {len(bad):2d} of {len(r['hashes'])} differ" + (f": {', '.join(bad)}" if bad else ''))
+    return 0
+
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest='cmd', required=True)
@@ -91,8 +130,17 @@ def main(argv=None)->int:
     t.add_argument('--steps', type=int, default=2); t.add_argument('--out', type=Path, required=True)
     t.add_argument('--qemu', help="a QEMU CPU model (`qemu-x86_64 -cpu help`): run the trace under its emulation")
     for name in ('diff', 'only'): s = sub.add_parser(name); s.add_argument('a', type=Path); s.add_argument('b', type=Path)
+    p = sub.add_parser('probe'); p.add_argument('--set', nargs='*', default=[], help="K=V over the portable kernels (K= unsets K)")
+    p.add_argument('--qemu'); p.add_argument('--out', type=Path, help='also write the hashes here (JSON)')
+    c = sub.add_parser('compare'); c.add_argument('probes', type=Path, nargs='+')
     a = ap.parse_args(argv)
     if a.cmd == 'trace': print(trace(a.profile, a.setting, a.steps, a.out, a.qemu)); return 0
+    if a.cmd == 'compare': return compare(a.probes)
+    if a.cmd == 'probe':
+        if a.qemu and not shutil.which('qemu-x86_64'): sys.exit("--qemu needs QEMU's user-mode emulator, qemu-x86_64 (Debian: apt-get install qemu-user)")
+        r = probe(a.set, a.qemu); print(json.dumps(r, indent=1))
+        if a.out: a.out.write_text(json.dumps({'set': a.set, 'qemu': a.qemu, 'hashes': r}, indent=1))
+        return 0
     return diff(a.a, a.b) if a.cmd == 'diff' else only(a.a, a.b)
 
 if __name__ == '__main__':

@@ -19,3 +19,16 @@ def test_diff_names_the_first_differing_operation_and_only_lists_what_one_trace_
     pt.only(A, _write(tmp_path/'d.jsonl', a[:1]))
     out = capsys.readouterr().out
     assert 'aten.sqrt.default' in out and 'aten.add.Tensor' in out and 'aten.mm.default' not in out
+
+def test_compare_lists_the_kernels_each_probe_computes_otherwise_than_the_first(tmp_path, capsys):
+    pt = bench_module('portable_trace')
+    def probe(name, qemu, sets, hashes):
+        (tmp_path/name).write_text(json.dumps({'set': sets, 'qemu': qemu, 'hashes': hashes})); return tmp_path/name
+    p0 = probe('0.json', None, [], {'mm': 'a', 'exp': 'b', 'sqrt': 'c'})
+    p1 = probe('1.json', 'Skylake-Client', [], {'mm': 'a', 'exp': 'b', 'sqrt': 'c'})
+    p2 = probe('2.json', 'Skylake-Client', ['MKL_CBWR=AVX2'], {'mm': 'x', 'exp': 'b', 'sqrt': 'y'})
+    assert pt.compare([p0, p1, p2]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == 'against this CPU (portable):'
+    assert 'Skylake-Client (portable)' in lines[1] and ' 0 of 3 differ' in lines[1]
+    assert 'Skylake-Client MKL_CBWR=AVX2' in lines[2] and '2 of 3 differ: mm, sqrt' in lines[2]
