@@ -137,6 +137,7 @@ def main(argv=None)->int:
     if a.cmd == 'trace': print(trace(a.profile, a.setting, a.steps, a.out, a.qemu)); return 0
     if a.cmd == 'compare': return compare(a.probes)
     if a.cmd == 'probe':
+        if bad := [s for s in a.set if '=' not in s]: ap.error(f"--set {' '.join(bad)}: expected K=V (or K= to unset K)")
         if a.qemu and not shutil.which('qemu-x86_64'): sys.exit("--qemu needs QEMU's user-mode emulator, qemu-x86_64 (Debian: apt-get install qemu-user)")
         r = probe(a.set, a.qemu); print(json.dumps(r, indent=1))
         if a.out: a.out.write_text(json.dumps({'set': a.set, 'qemu': a.qemu, 'hashes': r}, indent=1))

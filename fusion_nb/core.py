@@ -154,7 +154,7 @@ def _ieee_sqrt(x:torch.Tensor)->torch.Tensor:
     return out.to(dtype)
 
 def _ieee_sqrt_out(x:torch.Tensor, *, out:torch.Tensor)->torch.Tensor:
-    "`torch.sqrt(x, out=out)` by `_ieee_sqrt`, refusing the casts torch refuses (a float root into an integer `out`)."
+    "`torch.sqrt(x, out=out)` (and `x.sqrt_()`: `out` is `x`) by `_ieee_sqrt`, refusing the casts torch refuses (a float root into integers)."
     r = _ieee_sqrt(x)
     if not torch.can_cast(r.dtype, out.dtype): raise RuntimeError(f"result type {r.dtype} can't be cast to the desired output type {out.dtype}")
     return out.resize_(x.shape).copy_(r)
@@ -167,7 +167,7 @@ def portable_sqrt()->None:
     with warnings.catch_warnings():   # torch warns that it overrides its own CPU kernel: that is the point
         warnings.simplefilter('ignore')
         lib.impl('sqrt', _ieee_sqrt, 'CPU')
-        lib.impl('sqrt_', lambda x: x.copy_(_ieee_sqrt(x)), 'CPU')
+        lib.impl('sqrt_', lambda x: _ieee_sqrt_out(x, out=x), 'CPU')
         lib.impl('sqrt.out', _ieee_sqrt_out, 'CPU')
     _PORTABLE_SQRT = lib
 
