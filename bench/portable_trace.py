@@ -50,17 +50,22 @@ with open(out, 'w') as f, Trace(f) as mode:
 print(json.dumps({'capability': torch.backends.cpu.get_cpu_capability(), 'operations': mode.i}))
 """
 
-def trace(profile:str, setting:str, steps:int, out:Path, qemu:str|None=None)->dict:
-    "Run the traced training in a fresh process on the portable kernels (under `qemu-x86_64 -cpu qemu` if given)."
+def run_child(code:str, args:list[str], settings:list[str]=(), qemu:str|None=None)->dict:
+    "Run `code` in a fresh process on the portable kernels, `settings` (K=V; K= unsets K) over them, under `qemu-x86_64 -cpu qemu` if given; its last line, as JSON."
     from fusion_nb.reproduce.runner import kernel_env
-    env = kernel_env('portable', {**os.environ, 'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
-                                  'OMP_NUM_THREADS': '1', 'TQDM_DISABLE': '1'})
-    cmd = [sys.executable, '-c', CHILD, profile, setting, str(steps), str(Path(out).resolve())]
+    env = {**kernel_env('portable', {**os.environ, 'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
+                                     'OMP_NUM_THREADS': '1', 'TQDM_DISABLE': '1'}), **dict(s.split('=', 1) for s in settings)}
+    env = {k: v for k, v in env.items() if v != ''}
+    cmd = [sys.executable, '-c', code, *args]
     if qemu and not shutil.which('qemu-x86_64'): sys.exit("--qemu needs QEMU's user-mode emulator, qemu-x86_64 (Debian: apt-get install qemu-user)")
     if qemu: cmd = ['qemu-x86_64', '-cpu', qemu, *cmd]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
     if r.returncode: sys.exit(r.stderr[-3000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+def trace(profile:str, setting:str, steps:int, out:Path, qemu:str|None=None)->dict:
+    "Run the traced training in a fresh process on the portable kernels (under `qemu-x86_64 -cpu qemu` if given)."
+    return run_child(CHILD, [profile, setting, str(steps), str(Path(out).resolve())], qemu=qemu)
 
 PROBE = r"""
 import hashlib, json, os, torch
@@ -80,14 +85,7 @@ print(json.dumps(out))
 
 def probe(settings:list[str], qemu:str|None=None)->dict:
     "Hashes of some kernels' outputs (matmuls at tiny's shapes, unary functions) in a fresh process: the portable kernels with `settings` (K=V) over them."
-    from fusion_nb.reproduce.runner import kernel_env
-    env = {**kernel_env('portable', {**os.environ, 'PYTHONPATH': str(REPO), 'OMP_NUM_THREADS': '1'}), **dict(s.split('=', 1) for s in settings)}
-    env = {k: v for k, v in env.items() if v != ''}   # K= : unset K
-    cmd = [sys.executable, '-c', 'import fusion_nb.core\n' + PROBE]   # fusion_nb.core: the portable sqrt, where FUSION_NB_PORTABLE_SQRT=1
-    if qemu: cmd = ['qemu-x86_64', '-cpu', qemu, *cmd]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
-    if r.returncode: sys.exit(r.stderr[-3000:])
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child('import fusion_nb.core\n' + PROBE, [], settings, qemu)   # fusion_nb.core: the portable sqrt, where FUSION_NB_PORTABLE_SQRT=1
 
 def read(path:Path)->list[list]: return [json.loads(l) for l in Path(path).read_text().splitlines()]
 
@@ -138,7 +136,6 @@ def main(argv=None)->int:
     if a.cmd == 'compare': return compare(a.probes)
     if a.cmd == 'probe':
         if bad := [s for s in a.set if '=' not in s]: ap.error(f"--set {' '.join(bad)}: expected K=V (or K= to unset K)")
-        if a.qemu and not shutil.which('qemu-x86_64'): sys.exit("--qemu needs QEMU's user-mode emulator, qemu-x86_64 (Debian: apt-get install qemu-user)")
         r = probe(a.set, a.qemu); print(json.dumps(r, indent=1))
         if a.out: a.out.write_text(json.dumps({'set': a.set, 'qemu': a.qemu, 'hashes': r}, indent=1))
         return 0
