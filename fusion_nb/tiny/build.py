@@ -26,10 +26,10 @@ from .corruptions import corrupt_dataset
 import fusion_nb
 
 # %% auto #0
-__all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'BENCHMARK_PARTS', 'BUILD_THREADS',
-           'MICRO_POOL_TASKS', 'benchmark_dir', 'recipes', 'add_corrupted_splits', 'benchmark_hashes',
-           'build_benchmark', 'verify_benchmark', 'hash_cache_dir', 'read_manifest', 'changed_files', 'owners',
-           'zoo_provenance', 'build_threads', 'run_in_child', 'micro_pool', 'zoo_accuracy']
+__all__ = ['ROBUSTNESS_TASKS', 'ROBUSTNESS_CORRUPTIONS', 'CORRUPTION_SEVERITY', 'PROGRESS', 'BENCHMARK_PARTS', 'BUILD_THREADS',
+           'MICRO_POOL_TASKS', 'benchmark_dir', 'recipes', 'add_corrupted_splits', 'record_progress', 'resumable',
+           'benchmark_hashes', 'build_benchmark', 'verify_benchmark', 'hash_cache_dir', 'read_manifest',
+           'changed_files', 'owners', 'zoo_provenance', 'build_threads', 'run_in_child', 'micro_pool', 'zoo_accuracy']
 
 # %% ../../nbs/tiny/15_build.ipynb #3b65e732
 def benchmark_dir(scale:str, root:str|Path|None=None)->Path:
@@ -83,6 +83,33 @@ def add_corrupted_splits(dataset_dir:str|Path, # a saved DatasetDict with a `tes
     with atomic_dir(dataset_dir) as tmp: out.save_to_disk(str(tmp))
     return Path(dataset_dir)
 
+# %% ../../nbs/tiny/15_build.ipynb #31380a5f
+PROGRESS = 'build_progress.json'   # what an unfinished build has completed, item by item
+
+def _item_dir(item:str)->str:
+    "The folder of a build item ('datasets/<task>', 'corrupted/<task>', 'clip', 'expert/<task>'), relative to the build."
+    kind, _, task = item.partition('/')
+    return {'datasets': f'datasets/{task}', 'corrupted': f'datasets/{task}', 'clip': 'models/clip-vit-tiny',
+            'expert': f'models/clip-vit-tiny_{task}'}[kind]
+
+def _item_files(base:Path, item:str, cache_dir=None)->dict:
+    return {f'{_item_dir(item)}/{r}': h for r, h in file_hashes(base/_item_dir(item), cache_dir).items()}
+
+def _progress(base:Path, rec:dict)->dict:
+    "The unfinished build's record (item → its files' hashes) when it was made for the recipes `rec`, else {}."
+    try: d = json.loads((base/PROGRESS).read_text(encoding='utf-8'))
+    except (OSError, ValueError): return {}   # none, or torn: nothing is trusted, everything is made again
+    return d['done'] if isinstance(d, dict) and d.get('recipes') == rec and isinstance(d.get('done'), dict) else {}
+
+def record_progress(base:Path, rec:dict, items:Sequence[str], cache_dir=None)->None:
+    "Record `items` as completed by the build of recipes `rec` (atomically, over any record of other recipes)."
+    done = {**_progress(base, rec), **{i: _item_files(base, i, cache_dir) for i in items}}
+    atomic_write_text(base/PROGRESS, json.dumps({'recipes': rec, 'done': done}, indent=1))
+
+def resumable(base:Path, rec:dict, cache_dir=None)->dict:
+    "Items an unfinished build of the recipes `rec` completed whose files are still as it recorded them (item → files)."
+    return {i: f for i, f in _progress(base, rec).items() if f and _item_files(base, i, cache_dir) == f}
+
 # %% ../../nbs/tiny/15_build.ipynb #ed96fb66
 @contextlib.contextmanager
 def _library_bars(enabled:bool):
@@ -132,54 +159,67 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
     old = read_manifest(scale, root)
     stale_data = force or old.get('recipes', {}).get('data') != rec['data']
     stale_zoo = stale_data or old.get('recipes', {}).get('zoo') != rec['zoo']
-    bad = [] if force or not old else changed_files(scale, root)
+    done = {} if force else resumable(base, rec, hash_cache_dir(root))   # what a stopped build of these recipes completed
+    kept = {f for files in done.values() for f in files}
+    bad = [] if force or not old else [f for f in changed_files(scale, root) if f not in kept]
     if bad: log(f"{len(bad)} file(s) of {base} differ from its manifest or are missing ({', '.join(bad[:3])}"
                 f"{' ...' if len(bad) > 3 else ''}): rebuilding what they belong to")
     bad_data, bad_clip, bad_experts = owners(bad)
     clip_dir = base/'models'/'clip-vit-tiny'
     expert_dirs = {t: base/'models'/f'clip-vit-tiny_{t}' for t in EXPERT_TASKS}
-    missing_data = [t for t in TASKS if stale_data or t in bad_data or not (base/'datasets'/t/'dataset_dict.json').exists()]
-    missing_clip = stale_zoo or bad_clip or not (clip_dir/'config.json').exists()
+    missing_data = [t for t in TASKS if (stale_data or t in bad_data or not (base/'datasets'/t/'dataset_dict.json').exists())
+                    and f'datasets/{t}' not in done]
+    missing_clip = (stale_zoo or bad_clip or not (clip_dir/'config.json').exists()) and 'clip' not in done
     missing_experts = [t for t, d in expert_dirs.items()
-                       if missing_clip or t in missing_data or t in bad_experts or not (d/'config.json').exists()]
+                       if missing_clip or t in missing_data or (f'expert/{t}' not in done and (stale_zoo or t in bad_experts or not (d/'config.json').exists()))]
     def has_corruptions(t):
         f = base/'datasets'/t/'dataset_dict.json'
         return f.exists() and set(ROBUSTNESS_CORRUPTIONS) <= set(json.loads(f.read_text())['splits'])
     stale_corrupted = old.get('recipes', {}).get('corruptions') != rec['corruptions']
-    missing_corrupted = [t for t in ROBUSTNESS_TASKS if stale_corrupted or t in missing_data or not has_corruptions(t)]
+    missing_corrupted = [t for t in ROBUSTNESS_TASKS if t in missing_data or (f'corrupted/{t}' not in done and (stale_corrupted or not has_corruptions(t)))]
     pinned = bool(missing_clip or missing_experts) and restore_pin(base, 'models', rec['zoo']) is not None   # the checkout's zoo
     if pinned: missing_clip, missing_experts = False, []
-    elif not (missing_clip or missing_experts): save_pin(base, 'models', rec['zoo'], _models(old['files']))   # when pinning
-    if not (missing_data or missing_clip or missing_experts or missing_corrupted or pinned): return base
+    elif not (stale_zoo or missing_clip or missing_experts): save_pin(base, 'models', rec['zoo'], _models(old['files']))   # when pinning
+    making = {*(f'datasets/{t}' for t in missing_data), *(f'corrupted/{t}' for t in missing_corrupted), *(['clip'] if missing_clip else []),
+              *(f'expert/{t}' for t in missing_experts), *(['clip', *(f'expert/{t}' for t in EXPERT_TASKS)] if pinned else [])}
+    resumed = sorted(set(done) - making)   # kept from the stopped build: its manifest is still to be written
+    if not (missing_data or missing_clip or missing_experts or missing_corrupted or pinned or resumed): return base
     if (missing_clip or missing_experts) and os.environ.get(_CHILD) != '1':   # training ahead: in a process that waits politely
         return _build_in_child(log, scale=scale, root=str(Path(root or project_root()).resolve()), seed=seed, force=force,
                                progress=progress, device=None if device is None else str(device), threads=threads)
-    timings, built, device = {}, [], get_device(device or 'cpu')
+    if resumed: log(f"resuming a stopped build of these recipes: {len(resumed)} item(s) it completed are kept ({', '.join(resumed[:4])}"
+                    f"{' ...' if len(resumed) > 4 else ''})")
+    timings, built, device, cache = {}, [], get_device(device or 'cpu'), hash_cache_dir(root)
     with _library_bars(progress), deterministic(threads):
         if missing_data:
             s = time.time(); build_datasets(base/'datasets', scale, seed, tasks=missing_data, progress=progress, force=True)
-            timings['datasets_s'] = round(time.time() - s, 1)
+            timings['datasets_s'] = round(time.time() - s, 1); record_progress(base, rec, [f'datasets/{t}' for t in missing_data], cache)
         if missing_corrupted:
             s = time.time()
-            for t in tqdm(missing_corrupted, desc='corrupted test sets', disable=not progress): add_corrupted_splits(base/'datasets'/t, seed=seed)
+            for t in tqdm(missing_corrupted, desc='corrupted test sets', disable=not progress):
+                add_corrupted_splits(base/'datasets'/t, seed=seed); record_progress(base, rec, [f'datasets/{t}', f'corrupted/{t}'], cache)
             timings['corruptions_s'] = round(time.time() - s, 1)
         if missing_clip:
             s = time.time(); pretrain_clip(clip_dir, cfg, seed=train_seed, device=device, progress=progress)
-            timings['pretrain_s'] = round(time.time() - s, 1); built.append('clip')
+            timings['pretrain_s'] = round(time.time() - s, 1); built.append('clip'); record_progress(base, rec, ['clip'], cache)
         s = time.time()
         for t in tqdm(missing_experts, desc=f'experts ({scale})', disable=not progress):
             finetune_expert(clip_dir, t, base/'datasets'/t, expert_dirs[t], cfg, seed=train_seed, device=device, progress=progress)
+            record_progress(base, rec, [f'expert/{t}'], cache)
         if missing_experts: timings['experts_s'] = round(time.time() - s, 1); built += missing_experts
-    files = benchmark_hashes(base, hash_cache_dir(root))
-    if built: save_pin(base, 'models', rec['zoo'], _models(files))
-    if missing_data or missing_corrupted: _check_datasets(base, f"{rec['data']}+{rec['corruptions']}", files, log)
+    files = benchmark_hashes(base, cache)
+    if built or any(i == 'clip' or i.startswith('expert/') for i in resumed): save_pin(base, 'models', rec['zoo'], _models(files))
+    if missing_data or missing_corrupted or any(i.startswith('datasets/') for i in resumed):
+        _check_datasets(base, f"{rec['data']}+{rec['corruptions']}", files, log)
     manifest = {'scale': scale, 'seed': seed, **({'train_seed': train_seed} if train_seed != seed else {}), 'threads': threads,
-                'built': datetime.datetime.now().isoformat(timespec='seconds'), 'rebuilt_now': {'datasets': missing_data, 'corrupted': missing_corrupted, 'models': built, 'models_from_pins': pinned},
+                'built': datetime.datetime.now().isoformat(timespec='seconds'), 'rebuilt_now': {'datasets': missing_data, 'corrupted': missing_corrupted, 'models': built, 'models_from_pins': pinned,
+                                                                                           **({'resumed': resumed} if resumed else {})},
                 'timings': timings,
                 'sizes': SCALES[scale], 'corruptions': {'tasks': ROBUSTNESS_TASKS, 'corruptions': ROBUSTNESS_CORRUPTIONS, 'severity': CORRUPTION_SEVERITY},
                 'zoo': asdict(cfg), 'tasks': list(TASKS), 'expert_tasks': EXPERT_TASKS, 'versions': _versions(),
                 'recipes': rec, 'files': files}
     atomic_write_text(base/'manifest.json', json.dumps(manifest, indent=1))
+    (base/PROGRESS).unlink(missing_ok=True)   # the manifest now says what was built
     return base
 
 # %% ../../nbs/tiny/15_build.ipynb #dd193063
