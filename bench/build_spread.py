@@ -69,6 +69,11 @@ def averages(output:Path)->pd.DataFrame:
                          value=float(str(r['holds']).strip().lower() in ('true', '1', '1.0'))) for _, r in t.iterrows()]
     return pd.DataFrame(out)
 
+def unfinished(output:Path, only:Sequence[str])->list[str]:
+    "The experiments of `only` with no finished output folder under one run's `output` (a stopped run leaves only '.<name>.<pid>.….tmp')."
+    done = [d.name for d in output.iterdir() if d.is_dir() and not d.name.startswith('.')] if output.is_dir() else []
+    return [o for o in only if not any(d.startswith(o) for d in done)]
+
 def pinned_build(root:Path, profile:str):
     "The copy's benchmark as the checkout builds it (seed 0: restored from the pins)."
     env = {k: v for k, v in env_for(root).items() if k != 'FUSION_NB_BUILD_SEED'}
@@ -158,7 +163,8 @@ def main(argv=None)->int:
     ap.add_argument('--seeds', nargs='+', type=int, default=[1, 2], help='training seeds besides the pinned 0')
     ap.add_argument('--root', type=Path, default=None, help='a copy to work in (default: a fresh copy of this checkout, kept)')
     ap.add_argument('--out', type=Path, default=None, help='default: data/paper_values/build_spread_<profile>.csv here')
-    ap.add_argument('--reuse', action='store_true', help="read the seeds' outputs a previous run left in the copy (--root) instead of running")
+    ap.add_argument('--reuse', action='store_true', help="read the seeds' outputs a previous run left in the copy (--root) instead of running "
+                    "(a seed where an experiment of --only did not finish is run)")
     ap.add_argument('--keep-pinned', action='store_true', help="seed 0's values are the file's (measured on the pins' zoo, which is checked): "
                     "only --seeds are run or read; with --reuse, adds a seed to the file without running the pinned build's experiments again")
     ap.add_argument('--keep-rows', nargs='+', default=[], metavar='EXP', help="experiments (20, 21, 40) whose rows stay although this run "
@@ -189,7 +195,9 @@ def main(argv=None)->int:
         env = env_for(root, threads); env.pop('FUSION_NB_BUILD_SEED', None)
         if s: env['FUSION_NB_BUILD_SEED'] = str(s)
         output = root/'spread'/f'seed{s}'
-        if a.reuse and (output/a.profile).is_dir():   # the seconds its notebooks recorded
+        if a.reuse and (output/a.profile).is_dir() and (missing := unfinished(output/a.profile, a.only)):   # read, it would lose their rows
+            print(f"seed {s}: {output/a.profile} holds no finished output of {', '.join(missing)} (a stopped run?): running the seed", flush=True)
+        elif a.reuse and (output/a.profile).is_dir():   # the seconds its notebooks recorded
             runs[s] = averages(output/a.profile); total += sum(json.loads(n.read_text())['metadata']['papermill']['duration'] or 0 for n in output.glob('*.ipynb'))
             if not a.papermill:   # `fusion-nb reproduce`'s outputs: the seconds each experiment recorded (its zoo's build is not among them)
                 total += sum(json.loads(f.read_text()).get('seconds') or 0 for f in (output/a.profile).glob('*/inputs.json'))

@@ -131,3 +131,14 @@ def test_judging_a_run_of_another_build_keeps_its_seed_verdicts_out(tmp_path):
     assert same['verdict'].tolist() == ['holds', 'within noise'] and same['seed 0 is this run'].all()
     other = judge.claims(spread, '30_y', found(1.4, 0.2))   # A's value is another build's: its seeds' verdict is not seed 0's
     assert other['verdict'].tolist() == [judge.NOT_SEED0, 'within noise']
+
+def test_reuse_runs_a_seed_whose_run_was_stopped(tmp_path, monkeypatch, capsys):
+    "--reuse reads a seed's outputs only when each experiment finished there: a stopped run's '.<name>.<pid>.….tmp' would lose its rows."
+    bs = _bench()
+    out = tmp_path/'spread'/'seed1'/'tiny'; (out/'.10_neulig.4242.k2x9.tmp').mkdir(parents=True); (out/'04_fusion_eight_tasks').mkdir()
+    assert bs.unfinished(out, ['04', '10']) == ['10'] and bs.unfinished(tmp_path/'none', ['04']) == ['04']
+    ran = []
+    monkeypatch.setattr(bs, 'run_logged', lambda argv, env, root: (ran.append(argv), (1, '', 0.0))[1])   # stands in for the run: it fails
+    assert bs.main(['--only', '04', '10', '--seeds', '1', '--root', str(tmp_path), '--reuse']) == 1
+    assert len(ran) == 1 and 'reproduce' in ran[0] and "holds no finished output of 10" in capsys.readouterr().out
+    (out/'10_neulig').mkdir(); assert bs.unfinished(out, ['04', '10']) == []
