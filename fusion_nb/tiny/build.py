@@ -189,6 +189,8 @@ def build_benchmark(scale:str='tiny', # 'tiny' (the default profile) or 'micro' 
                                progress=progress, device=None if device is None else str(device), threads=threads)
     if resumed: log(f"resuming a stopped build of these recipes: {len(resumed)} item(s) it completed are kept ({', '.join(resumed[:4])}"
                     f"{' ...' if len(resumed) > 4 else ''})")
+    if (base/PROGRESS).exists():   # what is made again leaves the record first (what depends on it is made again too: an expert on its CLIP)
+        atomic_write_text(base/PROGRESS, json.dumps({'recipes': rec, 'done': {i: done[i] for i in resumed}}, indent=1))
     timings, built, device, cache = {}, [], get_device(device or 'cpu'), hash_cache_dir(root)
     with _library_bars(progress), deterministic(threads):
         if missing_data:
