@@ -86,11 +86,11 @@ def add_corrupted_splits(dataset_dir:str|Path, # a saved DatasetDict with a `tes
 # %% ../../nbs/tiny/15_build.ipynb #31380a5f
 PROGRESS = 'build_progress.json'   # what an unfinished build has completed, item by item
 
-def _item_dir(item:str)->str:
-    "The folder of a build item ('datasets/<task>', 'corrupted/<task>', 'clip', 'expert/<task>'), relative to the build."
+def _item_dir(item:str)->str|None:
+    "The folder of a build item ('datasets/<task>', 'corrupted/<task>', 'clip', 'expert/<task>'), relative to the build; None: not an item."
     kind, _, task = item.partition('/')
     return {'datasets': f'datasets/{task}', 'corrupted': f'datasets/{task}', 'clip': 'models/clip-vit-tiny',
-            'expert': f'models/clip-vit-tiny_{task}'}[kind]
+            'expert': f'models/clip-vit-tiny_{task}'}.get(kind)
 
 def _item_files(base:Path, item:str, cache_dir=None)->dict:
     return {f'{_item_dir(item)}/{r}': h for r, h in file_hashes(base/_item_dir(item), cache_dir).items()}
@@ -108,7 +108,7 @@ def record_progress(base:Path, rec:dict, items:Sequence[str], cache_dir=None)->N
 
 def resumable(base:Path, rec:dict, cache_dir=None)->dict:
     "Items an unfinished build of the recipes `rec` completed whose files are still as it recorded them (item → files)."
-    return {i: f for i, f in _progress(base, rec).items() if f and _item_files(base, i, cache_dir) == f}
+    return {i: f for i, f in _progress(base, rec).items() if isinstance(f, dict) and f and _item_dir(i) and _item_files(base, i, cache_dir) == f}
 
 # %% ../../nbs/tiny/15_build.ipynb #ed96fb66
 @contextlib.contextmanager
