@@ -69,10 +69,14 @@ def averages(output:Path)->pd.DataFrame:
                          value=float(str(r['holds']).strip().lower() in ('true', '1', '1.0'))) for _, r in t.iterrows()]
     return pd.DataFrame(out)
 
-def unfinished(output:Path, only:Sequence[str])->list[str]:
-    "The experiments of `only` with no finished output folder under one run's `output` (a stopped run leaves only '.<name>.<pid>.….tmp')."
-    done = [d.name for d in output.iterdir() if d.is_dir() and not d.name.startswith('.')] if output.is_dir() else []
-    return [o for o in only if not any(d.startswith(o) for d in done)]
+def experiments(root:Path, only:Sequence[str])->list[str]:
+    "The experiment notebooks of the copy that `--only` names, as `fusion-nb reproduce` reads it (prefixes, comma lists)."
+    from fusion_nb.reproduce.profiles import select_experiments
+    return select_experiments(sorted(n.stem for n in (root/'nbs'/'experiments').glob('*.ipynb')), only)
+
+def unfinished(output:Path, names:Sequence[str])->list[str]:
+    "The experiments `names` with no finished output folder under one run's `output` (a stopped run leaves only '.<name>.<pid>.….tmp')."
+    return [n for n in names if not (output/n).is_dir()]
 
 def pinned_build(root:Path, profile:str):
     "The copy's benchmark as the checkout builds it (seed 0: restored from the pins)."
@@ -195,7 +199,7 @@ def main(argv=None)->int:
         env = env_for(root, threads); env.pop('FUSION_NB_BUILD_SEED', None)
         if s: env['FUSION_NB_BUILD_SEED'] = str(s)
         output = root/'spread'/f'seed{s}'
-        if a.reuse and (output/a.profile).is_dir() and (missing := unfinished(output/a.profile, a.only)):   # read, it would lose their rows
+        if a.reuse and (output/a.profile).is_dir() and (missing := unfinished(output/a.profile, experiments(root, a.only))):   # read, it would lose their rows
             print(f"seed {s}: {output/a.profile} holds no finished output of {', '.join(missing)} (a stopped run?): running the seed", flush=True)
         elif a.reuse and (output/a.profile).is_dir():   # the seconds its notebooks recorded
             runs[s] = averages(output/a.profile); total += sum(json.loads(n.read_text())['metadata']['papermill']['duration'] or 0 for n in output.glob('*.ipynb'))

@@ -135,10 +135,13 @@ def test_judging_a_run_of_another_build_keeps_its_seed_verdicts_out(tmp_path):
 def test_reuse_runs_a_seed_whose_run_was_stopped(tmp_path, monkeypatch, capsys):
     "--reuse reads a seed's outputs only when each experiment finished there: a stopped run's '.<name>.<pid>.….tmp' would lose its rows."
     bs = _bench()
+    (tmp_path/'nbs'/'experiments').mkdir(parents=True)
+    for n in ['04_fusion_eight_tasks', '10_neulig', '30_masked_images']: (tmp_path/'nbs'/'experiments'/f'{n}.ipynb').write_text('{}')
+    assert bs.experiments(tmp_path, ['04,10']) == bs.experiments(tmp_path, ['04', '10_neulig.ipynb']) == ['04_fusion_eight_tasks', '10_neulig']
     out = tmp_path/'spread'/'seed1'/'tiny'; (out/'.10_neulig.4242.k2x9.tmp').mkdir(parents=True); (out/'04_fusion_eight_tasks').mkdir()
-    assert bs.unfinished(out, ['04', '10']) == ['10'] and bs.unfinished(tmp_path/'none', ['04']) == ['04']
+    assert bs.unfinished(out, ['04_fusion_eight_tasks', '10_neulig']) == ['10_neulig'] and bs.unfinished(tmp_path/'none', ['10_neulig']) == ['10_neulig']
     ran = []
     monkeypatch.setattr(bs, 'run_logged', lambda argv, env, root: (ran.append(argv), (1, '', 0.0))[1])   # stands in for the run: it fails
-    assert bs.main(['--only', '04', '10', '--seeds', '1', '--root', str(tmp_path), '--reuse']) == 1
-    assert len(ran) == 1 and 'reproduce' in ran[0] and "holds no finished output of 10" in capsys.readouterr().out
-    (out/'10_neulig').mkdir(); assert bs.unfinished(out, ['04', '10']) == []
+    assert bs.main(['--only', '04,10', '--seeds', '1', '--root', str(tmp_path), '--reuse']) == 1
+    assert len(ran) == 1 and 'reproduce' in ran[0] and "holds no finished output of 10_neulig" in capsys.readouterr().out
+    (out/'10_neulig').mkdir(); assert bs.unfinished(out, bs.experiments(tmp_path, ['04,10'])) == []
