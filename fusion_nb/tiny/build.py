@@ -93,7 +93,9 @@ def _item_dir(item:str)->str|None:
             'expert': f'models/clip-vit-tiny_{task}'}.get(kind)
 
 def _item_files(base:Path, item:str, cache_dir=None)->dict:
-    return {f'{_item_dir(item)}/{r}': h for r, h in file_hashes(base/_item_dir(item), cache_dir).items()}
+    "An item's files → SHA-256, keyed as the manifest keys them (hashed through its part's cache, the one `benchmark_hashes` keeps)."
+    part, _, folder = _item_dir(item).partition('/')
+    return {f'{part}/{r}': h for r, h in file_hashes(base/part, cache_dir).items() if r.startswith(folder + '/')}
 
 def _progress(base:Path, rec:dict)->dict:
     "The unfinished build's record (item → its files' hashes) when it was made for the recipes `rec`, else {}."
