@@ -86,3 +86,30 @@ def test_deterministic_restores_and_checks():
 
 def test_unknown_scale():
     with pytest.raises(UnknownNameError, match="unknown scale 'huge'"): build_benchmark('huge', '/nonexistent', progress=False)
+
+def test_a_build_killed_in_its_training_child_resumes(built, tmp_path):
+    "A build whose processes are killed (SIGKILL, as a stopped job) while its child trains keeps what it recorded; the next build resumes."
+    import signal, subprocess, sys, time
+    from fusion_nb.tiny.build import PROGRESS
+    src, _ = built
+    root = tmp_path/'project'
+    for part in ('datasets', 'models'): shutil.copytree(src/'data'/'micro'/part, root/'data'/'micro'/part)
+    for f in ('data/micro/manifest.json', 'settings.ini'): shutil.copy(src/f, root/f)
+    base, code = root/'data'/'micro', "import sys; from fusion_nb.tiny.build import build_benchmark; build_benchmark('micro', sys.argv[1], progress=False, threads=1)"
+    p = subprocess.Popen([sys.executable, '-c', code, str(root)], start_new_session=True, stdout=subprocess.DEVNULL)   # threads=1: a recipe with no pins, trained
+    done, t0 = {}, time.time()
+    while p.poll() is None and time.time() - t0 < 600:
+        try: done = json.loads((base/PROGRESS).read_text())['done']
+        except (OSError, ValueError, KeyError): done = {}
+        if 'clip' in done and any(i.startswith('expert/') for i in done): break
+        time.sleep(0.02)
+    os.killpg(p.pid, signal.SIGKILL); p.wait()
+    assert p.returncode == -signal.SIGKILL, 'the build ended before it could be stopped'
+    recorded = sorted(i for i in json.loads((base/PROGRESS).read_text())['done'] if i == 'clip' or i.startswith('expert/'))
+    assert 'clip' in recorded and len(recorded) < 1 + len(EXPERT_TASKS)
+    assert json.loads((base/'manifest.json').read_text())['threads'] != 1   # no manifest of the stopped build
+    build_benchmark('micro', root, progress=False, threads=1, log=lambda s: None)   # trains in its child again
+    m = json.loads((base/'manifest.json').read_text())
+    assert m['threads'] == 1 and set(recorded) <= set(m['rebuilt_now']['resumed'])
+    assert m['rebuilt_now']['models'] == [t for t in EXPERT_TASKS if f'expert/{t}' not in recorded]   # neither the CLIP nor a recorded expert trained again
+    assert not (base/PROGRESS).exists() and verify_benchmark('micro', root) == []
