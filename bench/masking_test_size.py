@@ -21,10 +21,12 @@ sys.path.insert(0, str(REPO))
 import pandas as pd
 import torch
 
+from fusion_nb.core import atomic_write_text
 from fusion_nb.masking.counterfactual_ft import CounterfactualFT, cached_finetune, claim_findings, evaluate_id_ood, finetune_budget
 from fusion_nb.masking.imagenet_data import id_text
 from fusion_nb.pools import ModelPool, Task, TaskPool
 from fusion_nb.reproduce.profiles import load_profile, prepare
+from fusion_nb.tiny.build import read_manifest
 from fusion_nb.tiny.tasks import build_split
 
 ID_TASK, OOD = 'imagenet', ['imagenet_v2', 'imagenet_r', 'imagenet_sketch', 'objectnet', 'imagenet_a']
@@ -61,11 +63,11 @@ def main():
     built = {t: tasks[t].load(P.test_split) for t in [ID_TASK, *OOD]}
     n0 = len(built[ID_TASK])
     if a.n < n0: raise SystemExit(f'--n {a.n} is below the built test splits ({n0} images)')
-    big = {t: build_split(t, 'test', a.n, seed=0) for t in [ID_TASK, *OOD]}
+    big = {t: build_split(t, 'test', a.n, seed=read_manifest('tiny', P.root)['seed']) for t in [ID_TASK, *OOD]}   # the build's data seed
     for t in big:   # the first n0 rendered images are the built split's: same labels, same pixels
         same = big[t].select(range(n0))
-        assert same['label'] == built[t]['label'], t
-        assert all(x.tobytes() == y.tobytes() for x, y in zip(same['image'][:16], built[t]['image'][:16])), t
+        if same['label'] != built[t]['label'] or any(x.tobytes() != y.tobytes() for x, y in zip(same['image'], built[t]['image'])):
+            raise SystemExit(f'{t}: the first {n0} of {a.n} rendered test images are not the built split')
     runs = picked(pd.read_csv(a.runs))
     runs = runs[runs.method.isin({'vanilla_ft', *(r for c in claims() for r in c[1:3])})]
     encoders = {}
@@ -92,7 +94,7 @@ def main():
         result.setdefault('accuracy', {})[str(n)] = acc.round(4).reset_index().to_dict('records')
         print(f'\n{n} images per split:'); print(f[['difference (points)', 'min over seeds', 'max over seeds', 'seed std (larger row)', 'verdict']].round(2).to_string())
     result['seconds'] = round(time.time() - t0)
-    Path(a.out).write_text(json.dumps(result, indent=1, default=float))
+    atomic_write_text(Path(a.out), json.dumps(result, indent=1, default=float))
     print(f'\n{result["seconds"]} s; wrote {a.out}')
 
 
