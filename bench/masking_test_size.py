@@ -19,7 +19,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import pandas as pd
-import torch
 
 from fusion_nb.core import atomic_write_text
 from fusion_nb.masking.counterfactual_ft import CounterfactualFT, cached_finetune, claim_findings, evaluate_id_ood, finetune_budget
