@@ -14,7 +14,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from transformers import BatchFeature
+
 from ..core import HyperparameterError, check_range
+from .uncertainty import CLEAN, processor_fingerprint
 
 # %% auto #0
 __all__ = ['SHORT_ANSWER_PROMPT', 'SHORT_QUESTION', 'ShortAnswerItem', 'short_answer_messages', 'normalize_answer', 'is_match',
@@ -58,12 +61,12 @@ def generate_answers(model, processor, # a LLaVA and its processor
                     )->list[str]:
     "The model's greedy answer to each item (special tokens removed)."
     check_range('max_new_tokens', max_new_tokens, 1); check_range('batch_size', batch_size, 1)
-    out = []
+    out, fingerprint = [], processor_fingerprint(processor)
     for s in range(0, len(items), batch_size):
         chunk = items[s:s + batch_size]
         prompts = [processor.apply_chat_template(short_answer_messages(it), add_generation_prompt=True) for it in chunk]
-        batch = processor(images=[it.image for it in chunk], text=prompts, padding=True, padding_side='left', return_tensors='pt')
-        batch = batch.to(device=model.device, dtype=model.dtype)
+        batch = CLEAN(processor, [it.image for it in chunk], prompts, 'left', fingerprint)   # the same questions for every model of a pool: processed once
+        batch = BatchFeature(batch).to(device=model.device, dtype=model.dtype)
         ids = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=processor.tokenizer.pad_token_id)
         out += [t.strip() for t in processor.tokenizer.batch_decode(ids[:, batch['input_ids'].shape[1]:], skip_special_tokens=True)]
     return out

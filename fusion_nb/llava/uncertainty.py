@@ -19,12 +19,12 @@ from ..core import FusionError, HyperparameterError, UnknownNameError, check_ran
 
 # %% auto #0
 __all__ = ['ANSWER_PROMPT', 'EXTRA_OPTIONS', 'LETTERS', 'AUGMIX_OPS', 'SYSTEM_PROMPTS', 'ATTENTION_DROPOUT', 'PERTURBATIONS',
-           'DEFAULT_J', 'INPUTS', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options', 'option_prompt',
-           'augment_op', 'augmix_combine', 'augmix', 'option_messages', 'attention_layers', 'attention_dropout',
-           'letter_ids', 'batch_letter_probs', 'option_batch', 'letter_probs', 'check_perturbations',
-           'perturbed_inputs', 'image_digest', 'processor_fingerprint', 'InputMemo', 'item_uncertainty',
-           'clean_answers', 'answer_accuracy', 'UQReport', 'item_uncertainties', 'model_uncertainty',
-           'held_in_uncertainty', 'as_held_in', 'option_items']
+           'DEFAULT_J', 'CLEAN', 'INPUTS', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options',
+           'option_prompt', 'augment_op', 'augmix_combine', 'augmix', 'option_messages', 'attention_layers',
+           'attention_dropout', 'letter_ids', 'batch_letter_probs', 'option_batch', 'letter_probs',
+           'check_perturbations', 'perturbed_inputs', 'image_digest', 'processor_fingerprint', 'BatchMemo', 'InputMemo',
+           'seed_dropout', 'item_uncertainty', 'clean_answers', 'answer_accuracy', 'UQReport', 'item_uncertainties',
+           'model_uncertainty', 'held_in_uncertainty', 'as_held_in', 'option_items']
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #8146fda7
 def entropy(p:torch.Tensor, # probabilities along the last dimension
@@ -248,11 +248,30 @@ def processor_fingerprint(processor)->str:
              json.dumps(spec, sort_keys=True), str(tok.padding_side)]
     return hashlib.sha1('\x00'.join(parts).encode()).hexdigest()
 
-# %% ../../nbs/llava/61_uncertainty.ipynb #c0ffee62
-class InputMemo:
-    "Per-process memo of eq. 1's model inputs — the processor's batch of an item's J perturbed passes — by processor and draw."
-    def __init__(self, max_bytes:int=2**29): self.batches, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
+# %% ../../nbs/llava/61_uncertainty.ipynb #0a0287e2
+class BatchMemo:
+    "Per-process memo of the processor's padded batches, keyed by everything the processor reads: its fingerprint, the images, the prompts, the padding side."
+    def __init__(self, max_bytes:int=2**28): self.batches, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
     def clear(self): self.batches.clear(); self.nbytes = 0
+    def _keep(self, key, batch:dict)->dict:   # made: counted, kept while the memo is under its bound
+        self.computed += 1
+        size = sum(v.numel() * v.element_size() for v in batch.values())
+        if self.nbytes + size <= self.max_bytes: self.batches[key] = batch; self.nbytes += size
+        return dict(batch)
+    def __call__(self, processor, images:Sequence[Image.Image], prompts:Sequence[str], padding_side:str='right',
+                 fingerprint:str|None=None, # processor_fingerprint(processor), if the caller has it
+                )->dict[str, torch.Tensor]:
+        "The processor's batch of `images` and `prompts` (a new mapping of the memo's tensors)."
+        key = (fingerprint or processor_fingerprint(processor), padding_side, tuple(map(image_digest, images)), tuple(prompts))
+        if key in self.batches: return dict(self.batches[key])
+        return self._keep(key, dict(processor(images=list(images), text=list(prompts), padding=True, padding_side=padding_side, return_tensors='pt')))
+
+CLEAN = BatchMemo()   # the process's memo of unperturbed passes (clean_answers; short_answers.generate_answers)
+
+# %% ../../nbs/llava/61_uncertainty.ipynb #c0ffee62
+class InputMemo(BatchMemo):
+    "Per-process memo of eq. 1's model inputs — the processor's batch of an item's J perturbed passes — by processor and draw (the draw is made only on a miss)."
+    def __init__(self, max_bytes:int=2**29): super().__init__(max_bytes)
     def __call__(self, processor, item:OptionItem, J:int, perturbations:Sequence[str], seed:int, index:int,
                  fingerprint:str|None=None, # processor_fingerprint(processor), if the caller has it
                 )->dict[str, torch.Tensor]:
@@ -261,17 +280,22 @@ class InputMemo:
                _prompt_constants())
         if key in self.batches: return dict(self.batches[key])
         images, systems = perturbed_inputs(item, J, perturbations, _item_rng(seed, index))
-        batch = option_batch(processor, images, [processor.apply_chat_template(option_messages(item, s), add_generation_prompt=True) for s in systems])
-        self.computed += 1
-        size = sum(v.numel() * v.element_size() for v in batch.values())
-        if self.nbytes + size <= self.max_bytes: self.batches[key] = batch; self.nbytes += size
-        return dict(batch)
+        return self._keep(key, option_batch(processor, images, [processor.apply_chat_template(option_messages(item, s), add_generation_prompt=True) for s in systems]))
 
 def _prompt_constants()->tuple:
     "The module constants the inputs read at call time, so a value changed in a live process re-keys the memo (EXTRA_OPTIONS is bound into `all_options` at import)."
     return ANSWER_PROMPT, LETTERS, tuple(SYSTEM_PROMPTS), tuple(AUGMIX_OPS)
 
 INPUTS = InputMemo()   # the process's memo (item_uncertainty)
+
+# %% ../../nbs/llava/61_uncertainty.ipynb #e1a84d1d
+def seed_dropout(seed:int, device)->None:
+    "Seed the generator that draws dropout masks on `device` (torch's CPU generator; on CUDA, also that device's)."
+    torch.default_generator.manual_seed(seed)   # not torch.manual_seed: without CUDA it queues a seeding of every GPU, with a formatted stack trace, on each call (4.8 % of experiment 40)
+    device = torch.device(device)
+    if device.type == 'cuda':
+        with torch.cuda.device(device): torch.cuda.manual_seed(seed)
+    elif device.type != 'cpu': torch.manual_seed(seed)   # another accelerator: every generator, as torch does
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #4604236d
 def item_uncertainty(model, processor, # a LLaVA and its processor
@@ -287,7 +311,7 @@ def item_uncertainty(model, processor, # a LLaVA and its processor
     perturbations = check_perturbations(perturbations, J)
     batch, k = INPUTS(processor, item, J, perturbations, seed, index, fingerprint), len(all_options(item))
     with torch.random.fork_rng(devices=[]), (attention_dropout(model, dropout) if 'model' in perturbations else contextlib.nullcontext()):
-        torch.manual_seed(seed * 1_000_003 + index)  # dropout masks, reproducibly
+        seed_dropout(seed * 1_000_003 + index, model.device)  # dropout masks, reproducibly
         probs = torch.stack(batch_letter_probs(model, processor, batch, [k] * J))
     return perturbation_uncertainty(probs), probs
 
@@ -298,11 +322,12 @@ def clean_answers(model, processor, # a LLaVA and its processor
                   batch_size:int=16, # questions per forward pass
                  )->list[int]:
     "The model's answer (index of the most probable option letter) to each unperturbed question."
-    out = []
+    out, fingerprint = [], processor_fingerprint(processor)
     for s in range(0, len(items), batch_size):
         chunk = items[s:s + batch_size]
         prompts = [processor.apply_chat_template(option_messages(it), add_generation_prompt=True) for it in chunk]
-        out += [int(p.argmax()) for p in letter_probs(model, processor, [it.image for it in chunk], prompts, [len(all_options(it)) for it in chunk])]
+        batch = CLEAN(processor, [it.image for it in chunk], prompts, 'right', fingerprint)   # the same questions for every model of a pool: processed once
+        out += [int(p.argmax()) for p in batch_letter_probs(model, processor, batch, [len(all_options(it)) for it in chunk])]
     return out
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #f167393a
