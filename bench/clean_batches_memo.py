@@ -29,17 +29,9 @@ def main():
     ap.add_argument('--profile', default='tiny'); ap.add_argument('--reps', type=int, default=2)
     a = ap.parse_args()
     import torch
-    torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', 1)))
-    from fusion_nb.reproduce.profiles import load_profile, prepare
-    from fusion_nb.llava.zoo import ZOO, llava_zoo, zoo_benchmark
-    from fusion_nb.llava.model import load_llava
     from fusion_nb.llava import uncertainty as U, short_answers as SA
-    P = prepare(load_profile(a.profile), build=False)
-    recipe = dict(ZOO) | dict(zip(['pretrain_steps', 'general_steps', 'tune_steps'], map(int, P.extra['llava_zoo_steps'].split())))
-    root, manifest = llava_zoo(P.root/'data'/P.build/'llava', recipe, progress=False)
-    held_in, held_out = zoo_benchmark(int(P.extra['llava_n_held_in']), int(P.extra['llava_n_held_out']), seed=P.seed)
-    name, v = next(iter(manifest['variants'].items()))
-    model, proc = load_llava(root/v['path'])
+    from eq1_inputs_memo import first_zoo_model
+    P, held_in, held_out, name, model, proc = first_zoo_model(a.profile)
     def measure():   # experiment 40's `evaluate`, batch sizes as there
         return tuple([U.answer_accuracy(model, proc, its, batch_size=P.batch_size) for its in held_in.values()]
                      + [SA.exact_match(model, proc, its) for its in held_out.values()])

@@ -11,22 +11,27 @@ first model), their ratio, and checks that both give the same uncertainty to the
 from __future__ import annotations
 import argparse, os, time
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--profile', default='tiny'); ap.add_argument('--reps', type=int, default=2)
-    a = ap.parse_args()
+def first_zoo_model(profile:str, n_held_out:int|None=None):
+    "The profile's LLaVA zoo (built or restored from pins), its first variant loaded, and experiment 40's questions (held-out: the profile's count unless given)."
     import torch
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', 1)))
     from fusion_nb.reproduce.profiles import load_profile, prepare
     from fusion_nb.llava.zoo import ZOO, llava_zoo, zoo_benchmark
     from fusion_nb.llava.model import load_llava
-    from fusion_nb.llava import uncertainty as U
-    P = prepare(load_profile(a.profile), build=False)
+    P = prepare(load_profile(profile), build=False)
     recipe = dict(ZOO) | dict(zip(['pretrain_steps', 'general_steps', 'tune_steps'], map(int, P.extra['llava_zoo_steps'].split())))
     root, manifest = llava_zoo(P.root/'data'/P.build/'llava', recipe, progress=False)
-    held_in, _ = zoo_benchmark(int(P.extra['llava_n_held_in']), 1, seed=P.seed)
+    held_in, held_out = zoo_benchmark(int(P.extra['llava_n_held_in']), n_held_out or int(P.extra['llava_n_held_out']), seed=P.seed)
     name, v = next(iter(manifest['variants'].items()))
-    model, proc = load_llava(root/v['path'])
+    return (P, held_in, held_out, name, *load_llava(root/v['path']))
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--profile', default='tiny'); ap.add_argument('--reps', type=int, default=2)
+    a = ap.parse_args()
+    import torch
+    from fusion_nb.llava import uncertainty as U
+    P, held_in, _, name, model, proc = first_zoo_model(a.profile, n_held_out=1)
     measure = lambda: U.held_in_uncertainty(model, proc, held_in, seed=P.seed)['uncertainty']
     memo = U.INPUTS
     measure()   # draws and the memo warm, as after experiment 40's first model
