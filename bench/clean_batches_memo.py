@@ -12,7 +12,7 @@ seeding of every GPU with a formatted stack trace on each call, so its cost grow
 kernel runs cells some 40 frames deep); per call at this script's depth and 40 frames deeper, against `seed_dropout`.
 """
 from __future__ import annotations
-import argparse, os, time
+import argparse, time
 
 def nested(depth, fn):
     "Call `fn` `depth` frames deeper than here."
