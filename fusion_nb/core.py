@@ -20,7 +20,8 @@ __all__ = ['COMPUTE_ENV', 'DATASETS_CACHE_FILE', 'PROGRESS_MODES', 'AST_FIELDS_A
            'current_umask', 'honour_umask', 'remove_stale_temps', 'human_bytes', 'tree_size', 'write_error',
            'atomic_write', 'atomic_write_text', 'atomic_dir', 'file_hashes', 'pins_dir', 'pin_key', 'pinning',
            'build_seed', 'read_pins', 'restore_pin', 'save_pin', 'pinned_differences', 'cached_builds', 'progress_mode',
-           'heartbeat', 'project_root', 'check_known_keys', 'ast_text', 'json_digest', 'code_digest', 'tensor_digest']
+           'heartbeat', 'project_root', 'check_known_keys', 'ast_text', 'json_digest', 'parse_python', 'code_digest',
+           'tensor_digest']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -596,12 +597,19 @@ def json_digest(obj)->str:
     "The sha256 of `obj` as sorted JSON (what is not JSON: its `str`)."
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
+# %% ../nbs/00_core.ipynb #e9f22e90
+_AST_LOCK = threading.Lock()
+
+def parse_python(source:str|bytes)->ast.Module:
+    "`ast.parse`, one thread at a time: CPython 3.11 can raise `SystemError: AST constructor recursion depth mismatch` when threads parse at once (python/cpython#106905), and the runner fingerprints experiments side by side in threads."
+    with _AST_LOCK: return ast.parse(source)
+
 # %% ../nbs/00_core.ipynb #9b5c9929
 def code_digest(*objects)->str:
     "Digest of the code of modules or functions, blind to comments, docstrings' layout and where the module sits in the package."
     trees = []
     for o in objects:
-        tree = ast.parse(inspect.getsource(o))
+        tree = parse_python(inspect.getsource(o))
         for node in ast.walk(tree):  # `from ..core import x` and `from .core import x` are the same code
             if isinstance(node, ast.ImportFrom): node.level, node.module = 0, (node.module or '').split('.')[-1]
         if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(getattr(tree.body[0], 'value', None), ast.Constant):

@@ -10,7 +10,7 @@ import ast, contextlib, hashlib, json, warnings
 from pathlib import Path
 from typing import Mapping
 
-from ..core import FusionError, file_hashes, json_digest
+from ..core import FusionError, file_hashes, json_digest, parse_python
 from .profiles import ORDER_KEYS, PLACEMENT_KEYS, Profile, is_local
 import fusion_nb
 
@@ -81,7 +81,7 @@ def import_graph(pkg_dir:str|Path|None=None, # default: the imported fusion_nb's
         builders = {f'{pkg.name}.{b}' for b in DATA_BUILDERS}
         with warnings.catch_warnings():   # a source's own warnings (an invalid escape) are not ours to print
             warnings.simplefilter('ignore')
-            trees = {m: ast.parse(f.read_bytes()) for m, f in mods.items()}
+            trees = {m: parse_python(f.read_bytes()) for m, f in mods.items()}
         _GRAPHS[key] = {m: _resolve(_imported(t, m, mods[m].name == '__init__.py'), mods, pkg.name) - {m} - builders
                         for m, t in trees.items()}
     return _GRAPHS[key]
@@ -93,10 +93,10 @@ def notebook_imports(nb_path:str|Path)->set[str]:
     for c in json.loads(Path(nb_path).read_text())['cells']:
         if c['cell_type'] != 'code': continue
         src = '\n'.join(l for l in ''.join(c['source']).splitlines() if not l.lstrip().startswith(('%', '!')))
-        try: out |= _imported(ast.parse(src))
+        try: out |= _imported(parse_python(src))
         except SyntaxError:   # not Python as a whole: its import lines one by one
             for l in src.splitlines():
-                with contextlib.suppress(SyntaxError): out |= _imported(ast.parse(l.strip()))
+                with contextlib.suppress(SyntaxError): out |= _imported(parse_python(l.strip()))
     return out
 
 # %% ../../nbs/reproduce/98_fingerprints.ipynb #836e3daf

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from ..core import FusionError, UnknownNameError, get_device, get_dtype, project_root
+from ..core import FusionError, UnknownNameError, get_device, get_dtype, parse_python, project_root
 from ..checkpoints import dataset_cached, env_true, file_cached, hub_reachable, is_local, model_cached, resolve_source
 
 # %% auto #0
@@ -130,7 +130,7 @@ def declared_parameters(root:str|Path)->set[str]:
         except (OSError, ValueError, KeyError): continue   # the runner reports a broken notebook itself
         for c in cells:
             if 'parameters' not in c.get('metadata', {}).get('tags', []): continue
-            try: tree = ast.parse(''.join(c['source']))
+            try: tree = parse_python(''.join(c['source']))
             except SyntaxError: continue
             names |= {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}

@@ -10,7 +10,7 @@ import ast, contextlib, datetime, functools, inspect, json, logging, math, os, r
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..core import FusionError, project_root
+from ..core import FusionError, parse_python, project_root
 from .profiles import SWEEPS, list_experiments, load_profile, select_experiments
 from ..core import json_digest
 import fusion_nb
@@ -188,7 +188,7 @@ def injected_parameters(nb_path:str|Path)->dict:
     cells = _read_json(nb_path).get('cells', [])
     src = next((''.join(c['source']) for c in cells if 'injected-parameters' in c.get('metadata', {}).get('tags', [])), '')
     out = {}
-    for node in ast.parse(src).body if src else []:
+    for node in parse_python(src).body if src else []:
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
             with contextlib.suppress(ValueError): out[node.targets[0].id] = ast.literal_eval(node.value)
     return out
