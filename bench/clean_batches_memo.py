@@ -30,23 +30,19 @@ def main():
     a = ap.parse_args()
     import torch
     from fusion_nb.llava import uncertainty as U, short_answers as SA
-    from eq1_inputs_memo import first_zoo_model
+    from eq1_inputs_memo import alternate, first_zoo_model
     P, held_in, held_out, name, model, proc = first_zoo_model(a.profile)
     def measure():   # experiment 40's `evaluate`, batch sizes as there
         return tuple([U.answer_accuracy(model, proc, its, batch_size=P.batch_size) for its in held_in.values()]
                      + [SA.exact_match(model, proc, its) for its in held_out.values()])
     memo = U.CLEAN
     measure()   # the memo warm, as after experiment 40's first model
-    times, values = {'without': [], 'with': []}, set()
-    for _ in range(a.reps):
-        for label, bound in [('without', 0), ('with', memo.max_bytes)]:
-            U.CLEAN = SA.CLEAN = memo if bound else U.BatchMemo(max_bytes=0)
-            t = time.perf_counter(); values.add(measure()); times[label].append(time.perf_counter() - t)
-    U.CLEAN = SA.CLEAN = memo
+    def use(on): U.CLEAN = SA.CLEAN = memo if on else U.BatchMemo(max_bytes=0)
+    times, same = alternate(measure, use, a.reps)
     n_in, n_out = (sum(len(v) for v in s.values()) for s in (held_in, held_out))
     print(f'profile {P.name}, model {name}, {n_in} held-in and {n_out} held-out questions, torch threads {torch.get_num_threads()}')
     for label, ts in times.items(): print(f'  {label:7s} CLEAN: ' + ', '.join(f'{t:.2f} s' for t in ts))
-    print(f'  with / without: {sum(times["with"]) / sum(times["without"]):.2f}; the same accuracies: {len(values) == 1}')
+    print(f'  with / without: {sum(times["with"]) / sum(times["without"]):.2f}; the same accuracies: {same}')
     cpu = torch.device('cpu')
     for depth in (0, 40):
         old = nested(depth, lambda: per_call(torch.manual_seed))

@@ -25,6 +25,16 @@ def first_zoo_model(profile:str, n_held_out:int|None=None):
     name, v = next(iter(manifest['variants'].items()))
     return (P, held_in, held_out, name, *load_llava(root/v['path']))
 
+def alternate(measure, use, reps:int):
+    "Seconds of `measure()` alternating without / with a memo (`use(True)` installs it, `use(False)` a memo that keeps nothing), and whether every call gave the same value; the memo installed at the end."
+    times, values = {'without': [], 'with': []}, set()
+    for _ in range(reps):
+        for label in times:
+            use(label == 'with')
+            t = time.perf_counter(); values.add(measure()); times[label].append(time.perf_counter() - t)
+    use(True)
+    return times, len(values) == 1
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--profile', default='tiny'); ap.add_argument('--reps', type=int, default=2)
@@ -35,15 +45,11 @@ def main():
     measure = lambda: U.held_in_uncertainty(model, proc, held_in, seed=P.seed)['uncertainty']
     memo = U.INPUTS
     measure()   # draws and the memo warm, as after experiment 40's first model
-    times, values = {'without': [], 'with': []}, set()
-    for _ in range(a.reps):
-        for label, bound in [('without', 0), ('with', memo.max_bytes)]:
-            U.INPUTS = memo if bound else U.InputMemo(max_bytes=0)
-            t = time.perf_counter(); values.add(measure()); times[label].append(time.perf_counter() - t)
-    U.INPUTS = memo
+    def use(on): U.INPUTS = memo if on else U.InputMemo(max_bytes=0)
+    times, same = alternate(measure, use, a.reps)
     n = sum(len(v) for v in held_in.values())
     print(f'profile {P.name}, model {name}, {n} held-in questions, J = {U.DEFAULT_J}, torch threads {torch.get_num_threads()}')
     for label, ts in times.items(): print(f'  {label:7s} INPUTS: ' + ', '.join(f'{t:.2f} s' for t in ts))
-    print(f'  with / without: {sum(times["with"]) / sum(times["without"]):.2f}; the same uncertainty to the bit: {len(values) == 1}')
+    print(f'  with / without: {sum(times["with"]) / sum(times["without"]):.2f}; the same uncertainty to the bit: {same}')
 
 if __name__ == '__main__': main()

@@ -17,7 +17,7 @@ import torch
 from transformers import BatchFeature
 
 from ..core import HyperparameterError, check_range
-from .uncertainty import CLEAN, processor_fingerprint
+from .uncertainty import CLEAN, TOWER, processor_fingerprint
 
 # %% auto #0
 __all__ = ['SHORT_ANSWER_PROMPT', 'SHORT_QUESTION', 'ShortAnswerItem', 'short_answer_messages', 'normalize_answer', 'is_match',
@@ -67,7 +67,8 @@ def generate_answers(model, processor, # a LLaVA and its processor
         prompts = [processor.apply_chat_template(short_answer_messages(it), add_generation_prompt=True) for it in chunk]
         batch = CLEAN(processor, [it.image for it in chunk], prompts, 'left', fingerprint)   # the same questions for every model of a pool: processed once
         batch = BatchFeature(batch).to(device=model.device, dtype=model.dtype)
-        ids = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=processor.tokenizer.pad_token_id)
+        with TOWER(model):   # the tower's output kept per pixel batch, as for the option questions
+            ids = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=processor.tokenizer.pad_token_id)
         out += [t.strip() for t in processor.tokenizer.batch_decode(ids[:, batch['input_ids'].shape[1]:], skip_special_tokens=True)]
     return out
 

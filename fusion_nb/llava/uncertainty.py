@@ -15,16 +15,16 @@ import pandas as pd
 import torch
 from PIL import Image, ImageEnhance, ImageOps
 
-from ..core import FusionError, HyperparameterError, UnknownNameError, check_range
+from ..core import FusionError, HyperparameterError, UnknownNameError, check_range, tensor_digest
 
 # %% auto #0
-__all__ = ['ANSWER_PROMPT', 'EXTRA_OPTIONS', 'LETTERS', 'AUGMIX_OPS', 'SYSTEM_PROMPTS', 'ATTENTION_DROPOUT', 'PERTURBATIONS',
-           'DEFAULT_J', 'CLEAN', 'INPUTS', 'entropy', 'perturbation_uncertainty', 'OptionItem', 'all_options',
-           'option_prompt', 'augment_op', 'augmix_combine', 'augmix', 'option_messages', 'attention_layers',
-           'attention_dropout', 'letter_ids', 'batch_letter_probs', 'option_batch', 'letter_probs',
-           'check_perturbations', 'perturbed_inputs', 'image_digest', 'processor_fingerprint', 'BatchMemo', 'InputMemo',
-           'seed_dropout', 'item_uncertainty', 'clean_answers', 'answer_accuracy', 'UQReport', 'item_uncertainties',
-           'model_uncertainty', 'held_in_uncertainty', 'as_held_in', 'option_items']
+__all__ = ['ANSWER_PROMPT', 'EXTRA_OPTIONS', 'LETTERS', 'AUGMIX_OPS', 'SYSTEM_PROMPTS', 'ATTENTION_DROPOUT', 'TOWER',
+           'PERTURBATIONS', 'DEFAULT_J', 'CLEAN', 'INPUTS', 'entropy', 'perturbation_uncertainty', 'OptionItem',
+           'all_options', 'option_prompt', 'augment_op', 'augmix_combine', 'augmix', 'option_messages',
+           'attention_layers', 'attention_dropout', 'TowerMemo', 'letter_ids', 'batch_letter_probs', 'option_batch',
+           'letter_probs', 'check_perturbations', 'perturbed_inputs', 'image_digest', 'processor_fingerprint',
+           'BatchMemo', 'InputMemo', 'seed_dropout', 'item_uncertainty', 'clean_answers', 'answer_accuracy', 'UQReport',
+           'item_uncertainties', 'model_uncertainty', 'held_in_uncertainty', 'as_held_in', 'option_items']
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #8146fda7
 def entropy(p:torch.Tensor, # probabilities along the last dimension
@@ -174,6 +174,40 @@ def attention_dropout(model:torch.nn.Module, # a LLaVA (or any transformers LM)
     finally:
         for l, rate, training in saved: l.attention_dropout = rate; l.train(training)
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #adcb8e56
+class TowerMemo:
+    "Per-process memo of a LLaVA vision tower's outputs, keyed by the tower's weights and mode, the pixel batch and the call's arguments."
+    def __init__(self, max_bytes:int=2**28): self.outputs, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
+    def clear(self): self.outputs.clear(); self.nbytes = 0
+    def weights_digest(self, tower:torch.nn.Module)->str:
+        "SHA-1 of the tower's weights, hashed again only when a tensor was replaced or changed in place (its storage or version moved)."
+        sd = tower.state_dict(keep_vars=True)
+        stamp = tuple((v.data_ptr(), v._version) for v in sd.values())
+        seen = getattr(tower, '_weights_digest', None)
+        if seen is None or seen[0] != stamp: seen = tower._weights_digest = (stamp, tensor_digest(*sd.values()))
+        return seen[1]
+    @contextlib.contextmanager
+    def __call__(self, model):
+        "Within the block, `model`'s vision tower reads its output for a batch it was shown before instead of computing it."
+        tower = getattr(getattr(model, 'model', None), 'vision_tower', None)
+        if tower is None: yield; return   # not a LLaVA: nothing to keep
+        compute = tower.forward
+        def forward(pixel_values, *args, **kwargs):
+            if torch.is_grad_enabled(): return compute(pixel_values, *args, **kwargs)
+            key = (self.weights_digest(tower), tower.training, tensor_digest(pixel_values), str(pixel_values.device), args, tuple(sorted(kwargs.items())))
+            if key not in self.outputs:
+                out = compute(pixel_values, *args, **kwargs); self.computed += 1
+                size = sum(t.numel() * t.element_size() for v in out.values() for t in (v if isinstance(v, tuple) else (v,)) if t is not None)
+                if self.nbytes + size > self.max_bytes: return out
+                self.outputs[key] = out; self.nbytes += size
+            return type(self.outputs[key])(**self.outputs[key])   # a new output: LLaVA writes its image features into the one it gets
+        tower.forward = forward
+        try: yield
+        finally: del tower.forward   # the class's forward again
+
+TOWER = TowerMemo()   # the process's memo (batch_letter_probs; short_answers.generate_answers)
+
+
 # %% ../../nbs/llava/61_uncertainty.ipynb #7a88f16b
 def letter_ids(tokenizer, # the processor's tokenizer
                n:int, # number of options
@@ -193,7 +227,7 @@ def batch_letter_probs(model, processor, # a LLaVA and its processor
                       )->list[torch.Tensor]:
     "Per pass, the softmax over the option letters' logits of the first generated token (one forward of `batch`)."
     batch = {k: v.to(model.device, dtype=model.dtype) if v.is_floating_point() else v.to(model.device) for k, v in batch.items()}  # a new mapping: the caller's tensors stay as they are (a memo's, say)
-    logits = model(**batch).logits.float()   # pixel values in the model's dtype (fp16/bf16 for 7B)
+    with TOWER(model): logits = model(**batch).logits.float()   # pixel values in the model's dtype (fp16/bf16 for 7B); the tower's output kept per batch
     last = batch['attention_mask'].sum(-1) - 1  # the last real token of each row
     ids = letter_ids(processor.tokenizer, max(n_options))
     return [torch.softmax(logits[b, last[b], ids[:k]], -1).cpu() for b, k in enumerate(n_options)]
