@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 from PIL import Image, ImageEnhance, ImageOps
+from fastcore.basics import patch
 
 from ..core import FusionError, HyperparameterError, UnknownNameError, check_range, tensor_digest
 
@@ -21,10 +22,11 @@ from ..core import FusionError, HyperparameterError, UnknownNameError, check_ran
 __all__ = ['ANSWER_PROMPT', 'EXTRA_OPTIONS', 'LETTERS', 'AUGMIX_OPS', 'SYSTEM_PROMPTS', 'ATTENTION_DROPOUT', 'TOWER',
            'PERTURBATIONS', 'DEFAULT_J', 'CLEAN', 'INPUTS', 'entropy', 'perturbation_uncertainty', 'OptionItem',
            'all_options', 'option_prompt', 'augment_op', 'augmix_combine', 'augmix', 'option_messages',
-           'attention_layers', 'attention_dropout', 'TowerMemo', 'letter_ids', 'batch_letter_probs', 'option_batch',
-           'letter_probs', 'check_perturbations', 'perturbed_inputs', 'image_digest', 'processor_fingerprint',
-           'BatchMemo', 'InputMemo', 'seed_dropout', 'item_uncertainty', 'clean_answers', 'answer_accuracy', 'UQReport',
-           'item_uncertainties', 'model_uncertainty', 'held_in_uncertainty', 'as_held_in', 'option_items']
+           'attention_layers', 'attention_dropout', 'module_digest', 'TowerMemo', 'letter_ids', 'batch_letter_probs',
+           'option_batch', 'letter_probs', 'check_perturbations', 'perturbed_inputs', 'image_digest',
+           'processor_fingerprint', 'BatchMemo', 'InputMemo', 'seed_dropout', 'item_uncertainty', 'clean_answers',
+           'answer_accuracy', 'UQReport', 'item_uncertainties', 'model_uncertainty', 'held_in_uncertainty',
+           'as_held_in', 'option_items']
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #8146fda7
 def entropy(p:torch.Tensor, # probabilities along the last dimension
@@ -174,36 +176,54 @@ def attention_dropout(model:torch.nn.Module, # a LLaVA (or any transformers LM)
     finally:
         for l, rate, training in saved: l.attention_dropout = rate; l.train(training)
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #00bf0973
+def module_digest(module:torch.nn.Module)->str:
+    "SHA-1 of a module's weights, hashed again only when a tensor was replaced or changed in place (its storage or version counter moved)."
+    sd = module.state_dict(keep_vars=True)
+    stamp = tuple((v.data_ptr(), v._version) for v in sd.values())
+    seen = getattr(module, '_fusion_nb_digest', None)
+    if seen is None or seen[0] != stamp: seen = module._fusion_nb_digest = (stamp, tensor_digest(*sd.values()))
+    return seen[1]
+
+
 # %% ../../nbs/llava/61_uncertainty.ipynb #adcb8e56
 class TowerMemo:
     "Per-process memo of a LLaVA vision tower's outputs, keyed by the tower's weights and mode, the pixel batch and the call's arguments."
     def __init__(self, max_bytes:int=2**28): self.outputs, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
     def clear(self): self.outputs.clear(); self.nbytes = 0
-    def weights_digest(self, tower:torch.nn.Module)->str:
-        "SHA-1 of the tower's weights, hashed again only when a tensor was replaced or changed in place (its storage or version moved)."
-        sd = tower.state_dict(keep_vars=True)
-        stamp = tuple((v.data_ptr(), v._version) for v in sd.values())
-        seen = getattr(tower, '_weights_digest', None)
-        if seen is None or seen[0] != stamp: seen = tower._weights_digest = (stamp, tensor_digest(*sd.values()))
-        return seen[1]
-    @contextlib.contextmanager
-    def __call__(self, model):
-        "Within the block, `model`'s vision tower reads its output for a batch it was shown before instead of computing it."
-        tower = getattr(getattr(model, 'model', None), 'vision_tower', None)
-        if tower is None: yield; return   # not a LLaVA: nothing to keep
-        compute = tower.forward
-        def forward(pixel_values, *args, **kwargs):
-            if torch.is_grad_enabled(): return compute(pixel_values, *args, **kwargs)
-            key = (self.weights_digest(tower), tower.training, tensor_digest(pixel_values), str(pixel_values.device), args, tuple(sorted(kwargs.items())))
-            if key not in self.outputs:
-                out = compute(pixel_values, *args, **kwargs); self.computed += 1
-                size = sum(t.numel() * t.element_size() for v in out.values() for t in (v if isinstance(v, tuple) else (v,)) if t is not None)
-                if self.nbytes + size > self.max_bytes: return out
-                self.outputs[key] = out; self.nbytes += size
-            return type(self.outputs[key])(**self.outputs[key])   # a new output: LLaVA writes its image features into the one it gets
-        tower.forward = forward
-        try: yield
-        finally: del tower.forward   # the class's forward again
+    def key(self, tower, pixel_values, args, kwargs)->tuple|None:
+        "The key of a tower call; None where none can be kept (gradients on, tensors or unhashable values among the arguments)."
+        if torch.is_grad_enabled() or any(isinstance(v, torch.Tensor) for v in (*args, *kwargs.values())): return None
+        key = (module_digest(tower), tower.training, tensor_digest(pixel_values), str(pixel_values.device), args, tuple(sorted(kwargs.items())))
+        try: hash(key); return key
+        except TypeError: return None
+    def output(self, key, compute):
+        "The output kept under `key`, else `compute()`'s (kept while the memo is under its bound); a new container each time."
+        if key not in self.outputs:
+            out = compute(); self.computed += 1
+            size = sum(t.numel() * t.element_size() for v in out.values() for t in (v if isinstance(v, tuple) else (v,)) if t is not None)
+            if self.nbytes + size > self.max_bytes: return out
+            self.outputs[key] = out; self.nbytes += size
+        return type(self.outputs[key])(**self.outputs[key])   # LLaVA writes its image features into the output it gets
+
+
+# %% ../../nbs/llava/61_uncertainty.ipynb #741729e6
+@patch
+@contextlib.contextmanager
+def __call__(self:TowerMemo, model):
+    "Within the block, `model`'s vision tower reads its output for a batch it was shown before instead of computing it."
+    tower = getattr(getattr(model, 'model', None), 'vision_tower', None)
+    if tower is None: yield; return   # not a LLaVA: nothing to keep
+    compute, own = tower.forward, vars(tower).get('forward')   # own: an enclosing block's forward, put back on exit
+    def forward(pixel_values, *args, **kwargs):
+        key = self.key(tower, pixel_values, args, kwargs)
+        run = lambda: compute(pixel_values, *args, **kwargs)
+        return run() if key is None else self.output(key, run)
+    tower.forward = forward
+    try: yield
+    finally:
+        if own is None: del tower.forward   # the class's forward again
+        else: tower.forward = own
 
 TOWER = TowerMemo()   # the process's memo (batch_letter_probs; short_answers.generate_answers)
 
