@@ -188,13 +188,15 @@ def module_digest(module:torch.nn.Module)->str:
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #adcb8e56
 class TowerMemo:
-    "Per-process memo of a LLaVA vision tower's outputs, keyed by the tower's weights and mode, the pixel batch and the call's arguments."
+    "Per-process memo of a LLaVA vision tower's outputs, keyed by the tower's weights and mode, the pixel batch, the call's arguments and autocast."
     def __init__(self, max_bytes:int=2**28): self.outputs, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
     def clear(self): self.outputs.clear(); self.nbytes = 0
     def key(self, tower, pixel_values, args, kwargs)->tuple|None:
         "The key of a tower call; None where none can be kept (gradients on, tensors or unhashable values among the arguments)."
         if torch.is_grad_enabled() or any(isinstance(v, torch.Tensor) for v in (*args, *kwargs.values())): return None
-        key = (module_digest(tower), tower.training, tensor_digest(pixel_values), str(pixel_values.device), args, tuple(sorted(kwargs.items())))
+        kind = pixel_values.device.type
+        autocast = str(torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else 'off'   # under autocast the tower computes in another dtype
+        key = (module_digest(tower), tower.training, tensor_digest(pixel_values), str(pixel_values.device), autocast, args, tuple(sorted(kwargs.items())))
         try: hash(key); return key
         except TypeError: return None
     def output(self, key, compute):
