@@ -8,7 +8,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/llava/uncertainty.html.md"""
 from __future__ import annotations
 import contextlib, hashlib, json, re
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,11 +22,11 @@ from ..core import FusionError, HyperparameterError, UnknownNameError, check_ran
 __all__ = ['ANSWER_PROMPT', 'EXTRA_OPTIONS', 'LETTERS', 'AUGMIX_OPS', 'SYSTEM_PROMPTS', 'ATTENTION_DROPOUT', 'TOWER',
            'PERTURBATIONS', 'DEFAULT_J', 'CLEAN', 'INPUTS', 'entropy', 'perturbation_uncertainty', 'OptionItem',
            'all_options', 'option_prompt', 'augment_op', 'augmix_combine', 'augmix', 'option_messages',
-           'attention_layers', 'attention_dropout', 'module_digest', 'TowerMemo', 'letter_ids', 'batch_letter_probs',
-           'option_batch', 'letter_probs', 'check_perturbations', 'perturbed_inputs', 'image_digest',
-           'processor_fingerprint', 'BatchMemo', 'InputMemo', 'seed_dropout', 'item_uncertainty', 'clean_answers',
-           'answer_accuracy', 'UQReport', 'item_uncertainties', 'model_uncertainty', 'held_in_uncertainty',
-           'as_held_in', 'option_items']
+           'attention_layers', 'attention_dropout', 'module_digest', 'BoundedMemo', 'TowerMemo', 'letter_ids',
+           'batch_letter_probs', 'option_batch', 'letter_probs', 'check_perturbations', 'perturbed_inputs',
+           'image_digest', 'processor_fingerprint', 'BatchMemo', 'InputMemo', 'seed_dropout', 'item_uncertainty',
+           'clean_answers', 'answer_accuracy', 'UQReport', 'item_uncertainties', 'model_uncertainty',
+           'held_in_uncertainty', 'as_held_in', 'option_items']
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #8146fda7
 def entropy(p:torch.Tensor, # probabilities along the last dimension
@@ -186,11 +186,24 @@ def module_digest(module:torch.nn.Module)->str:
     return seen[1]
 
 
+# %% ../../nbs/llava/61_uncertainty.ipynb #c7c2e3eb
+class BoundedMemo:
+    "Per-process memo of mappings of tensors (values: tensors, tuples of tensors or None), kept while under `max_bytes`; each call gets a new container."
+    def __init__(self, max_bytes:int=2**28): self.kept, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
+    def clear(self): self.kept.clear(); self.nbytes = 0
+    @staticmethod
+    def size(value)->int: return sum(t.numel() * t.element_size() for v in value.values() for t in (v if isinstance(v, tuple) else (v,)) if t is not None)
+    def get(self, key, make:Callable[[], dict]):
+        "The mapping kept under `key`, else `make()`'s (counted; kept while the memo is under its bound)."
+        if key not in self.kept:
+            out = make(); self.computed += 1; n = self.size(out)
+            if self.nbytes + n > self.max_bytes: return out
+            self.kept[key] = out; self.nbytes += n
+        return type(self.kept[key])(**self.kept[key])   # a new container of the same type (a dict, a transformers ModelOutput)
+
 # %% ../../nbs/llava/61_uncertainty.ipynb #adcb8e56
-class TowerMemo:
+class TowerMemo(BoundedMemo):
     "Per-process memo of a LLaVA vision tower's outputs, keyed by the tower's weights and mode, the pixel batch, the call's arguments and autocast."
-    def __init__(self, max_bytes:int=2**28): self.outputs, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
-    def clear(self): self.outputs.clear(); self.nbytes = 0
     def key(self, tower, pixel_values, args, kwargs)->tuple|None:
         "The key of a tower call; None where none can be kept (gradients on, tensors or unhashable values among the arguments)."
         if torch.is_grad_enabled() or any(isinstance(v, torch.Tensor) for v in (*args, *kwargs.values())): return None
@@ -199,14 +212,6 @@ class TowerMemo:
         key = (module_digest(tower), tower.training, tensor_digest(pixel_values), str(pixel_values.device), autocast, args, tuple(sorted(kwargs.items())))
         try: hash(key); return key
         except TypeError: return None
-    def output(self, key, compute):
-        "The output kept under `key`, else `compute()`'s (kept while the memo is under its bound); a new container each time."
-        if key not in self.outputs:
-            out = compute(); self.computed += 1
-            size = sum(t.numel() * t.element_size() for v in out.values() for t in (v if isinstance(v, tuple) else (v,)) if t is not None)
-            if self.nbytes + size > self.max_bytes: return out
-            self.outputs[key] = out; self.nbytes += size
-        return type(self.outputs[key])(**self.outputs[key])   # LLaVA writes its image features into the output it gets
 
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #741729e6
@@ -220,7 +225,7 @@ def __call__(self:TowerMemo, model):
     def forward(pixel_values, *args, **kwargs):
         key = self.key(tower, pixel_values, args, kwargs)
         run = lambda: compute(pixel_values, *args, **kwargs)
-        return run() if key is None else self.output(key, run)
+        return run() if key is None else self.get(key, run)   # a new output each call: LLaVA writes its image features into it
     tower.forward = forward
     try: yield
     finally:
@@ -305,22 +310,14 @@ def processor_fingerprint(processor)->str:
     return hashlib.sha1('\x00'.join(parts).encode()).hexdigest()
 
 # %% ../../nbs/llava/61_uncertainty.ipynb #0a0287e2
-class BatchMemo:
+class BatchMemo(BoundedMemo):
     "Per-process memo of the processor's padded batches, keyed by everything the processor reads: its fingerprint, the images, the prompts, the padding side."
-    def __init__(self, max_bytes:int=2**28): self.batches, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
-    def clear(self): self.batches.clear(); self.nbytes = 0
-    def _keep(self, key, batch:dict)->dict:   # made: counted, kept while the memo is under its bound
-        self.computed += 1
-        size = sum(v.numel() * v.element_size() for v in batch.values())
-        if self.nbytes + size <= self.max_bytes: self.batches[key] = batch; self.nbytes += size
-        return dict(batch)
     def __call__(self, processor, images:Sequence[Image.Image], prompts:Sequence[str], padding_side:str='right',
                  fingerprint:str|None=None, # processor_fingerprint(processor), if the caller has it
                 )->dict[str, torch.Tensor]:
         "The processor's batch of `images` and `prompts` (a new mapping of the memo's tensors)."
         key = (fingerprint or processor_fingerprint(processor), padding_side, tuple(map(image_digest, images)), tuple(prompts))
-        if key in self.batches: return dict(self.batches[key])
-        return self._keep(key, dict(processor(images=list(images), text=list(prompts), padding=True, padding_side=padding_side, return_tensors='pt')))
+        return self.get(key, lambda: dict(processor(images=list(images), text=list(prompts), padding=True, padding_side=padding_side, return_tensors='pt')))
 
 CLEAN = BatchMemo()   # the process's memo of unperturbed passes (clean_answers; short_answers.generate_answers)
 
@@ -334,9 +331,10 @@ class InputMemo(BatchMemo):
         "`option_batch` of the item's draw (`seed`, `index`) with its prompts (a new mapping of the memo's tensors)."
         key = (fingerprint or processor_fingerprint(processor), image_digest(item.image), item.question, tuple(item.options), J, tuple(perturbations), seed, index,
                _prompt_constants())
-        if key in self.batches: return dict(self.batches[key])
-        images, systems = perturbed_inputs(item, J, perturbations, _item_rng(seed, index))
-        return self._keep(key, option_batch(processor, images, [processor.apply_chat_template(option_messages(item, s), add_generation_prompt=True) for s in systems]))
+        def make():   # the draw, made only on a miss
+            images, systems = perturbed_inputs(item, J, perturbations, _item_rng(seed, index))
+            return option_batch(processor, images, [processor.apply_chat_template(option_messages(item, s), add_generation_prompt=True) for s in systems])
+        return self.get(key, make)
 
 def _prompt_constants()->tuple:
     "The module constants the inputs read at call time, so a value changed in a live process re-keys the memo (EXTRA_OPTIONS is bound into `all_options` at import)."
