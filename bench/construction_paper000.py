@@ -53,16 +53,9 @@ FIELDS = {'hidden_size': int, 'intermediate_size': int, 'num_layers': int, 'num_
 
 def near_shift(img, rng):
     "`pretraining_shift` without its last step (the zoomed-out view on clutter): colour permutation or grey, crop, blur."
-    from PIL import Image, ImageFilter
-    from fusion_nb.tiny.tasks import S
-    a = np.asarray(img)
-    k = rng.integers(0, 3)
-    if k == 0: a = a[..., rng.permutation(3)]
-    elif k == 1: a = np.repeat(a.mean(-1, keepdims=True), 3, -1).astype(np.uint8)
-    im = Image.fromarray(np.ascontiguousarray(a))
-    c = int(rng.integers(24, S + 1)); x, y = rng.integers(0, S - c + 1, 2)
-    im = im.crop((int(x), int(y), int(x) + c, int(y) + c)).resize((S, S), Image.BILINEAR)
-    return im.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 1.2))))
+    from fusion_nb.tiny.tasks import pretraining_shift
+    return pretraining_shift(img, rng, zoom_out=False)   # the package's own since issue 47 (Stanford Cars keeps its framing)
+
 
 CORPORA = {'package': (), 'digits-near': ('svhn', 'mnist'),   # --corpus: the tasks whose pretraining renderings get `near_shift`
            'cars-near': ('stanford_cars',)}   # B/32 knows Cars before fine-tuning (zero-shot 59.8 of the expert's 78.3); tiny does not
