@@ -259,9 +259,11 @@ def batch_letter_probs(model, processor, # a LLaVA and its processor
     ids = letter_ids(processor.tokenizer, max(n_options))
     return [torch.softmax(logits[b, last[b], ids[:k]], -1).cpu() for b, k in enumerate(n_options)]
 
-def option_batch(processor, images:Sequence[Image.Image], prompts:Sequence[str])->dict[str, torch.Tensor]:
-    "The processor's right-padded batch of passes, one image and one chat-formatted prompt each."
-    return dict(processor(images=list(images), text=list(prompts), padding=True, padding_side='right', return_tensors='pt'))
+def option_batch(processor, images:Sequence[Image.Image], prompts:Sequence[str],
+                 padding_side:str='right', # 'left' for generation
+                )->dict[str, torch.Tensor]:
+    "The processor's padded batch of passes, one image and one chat-formatted prompt each."
+    return dict(processor(images=list(images), text=list(prompts), padding=True, padding_side=padding_side, return_tensors='pt'))
 
 def letter_probs(model, processor, # a LLaVA and its processor
                  images:Sequence[Image.Image], # one image per pass
@@ -317,7 +319,7 @@ class BatchMemo(BoundedMemo):
                 )->dict[str, torch.Tensor]:
         "The processor's batch of `images` and `prompts` (a new mapping of the memo's tensors)."
         key = (fingerprint or processor_fingerprint(processor), padding_side, tuple(map(image_digest, images)), tuple(prompts))
-        return self.get(key, lambda: dict(processor(images=list(images), text=list(prompts), padding=True, padding_side=padding_side, return_tensors='pt')))
+        return self.get(key, lambda: option_batch(processor, images, prompts, padding_side))
 
 CLEAN = BatchMemo()   # the process's memo of unperturbed passes (clean_answers; short_answers.generate_answers)
 
