@@ -17,11 +17,12 @@ from ..evaluation import method_task_table   # records → table is the spine's;
 import fusion_nb
 
 # %% auto #0
-__all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'PARTIAL', 'HEADLINE_ROWS', 'to_markdown', 'save_table', 'save_records',
-           'save_figure', 'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model', 'load_build_spread',
-           'spread_rows', 'same_as_seed0', 'note_seed0', 'judge_beyond_spread', 'beyond_spread', 'spread_zoo_differs',
-           'with_expert_spread', 'claims_beyond_spread', 'finding_label', 'verdicts_across_builds',
-           'judged_across_builds', 'partial_note', 'headline_numbers', 'project_relative', 'write_report']
+__all__ = ['PAPER_VALUE_COLUMNS', 'ROW_LABELS', 'PARTIAL', 'HEADLINE_ROWS', 'VERDICTS', 'to_markdown', 'save_table',
+           'save_records', 'save_figure', 'load_paper_values', 'paper_table', 'compare_with_paper', 'paper_model',
+           'load_build_spread', 'spread_rows', 'same_as_seed0', 'note_seed0', 'judge_beyond_spread', 'beyond_spread',
+           'spread_zoo_differs', 'with_expert_spread', 'claims_beyond_spread', 'finding_label',
+           'verdicts_across_builds', 'judged_across_builds', 'partial_note', 'headline_numbers', 'findings_at_a_glance',
+           'project_relative', 'write_report']
 
 # %% ../../nbs/reproduce/91_reports.ipynb #d3e31a10
 _CMP = ('reproduced', 'reported', 'difference')
@@ -329,6 +330,28 @@ def headline_numbers(profile_dir:str|Path, # outputs/<profile>
             out.append({'row': r, 'Avg.': avg, 'experiment': exp, 'ran': meta.get('finished', '?'), 'test samples': _samples(meta)})
     return pd.DataFrame(out, columns=['row', 'Avg.', 'experiment', 'ran', 'test samples'])
 
+# %% ../../nbs/reproduce/91_reports.ipynb #9d9b781a
+VERDICTS = ['holds', 'reversed', 'does not hold', 'varies between builds', 'within noise', 'within the build spread']   # the columns' order
+
+def findings_at_a_glance(profile_dir:str|Path, # outputs/<profile>
+                        )->pd.DataFrame:
+    "Per experiment, how many of its findings have each verdict (its last `findings*.csv` with a `verdict`), and a row `all`."
+    counts, same = {}, {}
+    for exp in sorted(d for d in Path(profile_dir).iterdir() if d.is_dir() and not d.name.startswith('.') and not d.name.endswith(PARTIAL)):
+        judged = [t for f in sorted(exp.glob('findings*.csv')) if 'verdict' in (t := pd.read_csv(f)).columns]
+        if not judged: continue
+        t = judged[-1]
+        counts[exp.name] = t['verdict'].astype(str).str.split(' (', regex=False).str[0].value_counts()
+        if 'seed 0 is this run' in t.columns: same[exp.name] = int(t['seed 0 is this run'].eq(True).sum())
+    if not counts: return pd.DataFrame()
+    out = pd.DataFrame(counts).T.fillna(0).astype(int)
+    out = out[[v for v in VERDICTS if v in out.columns] + sorted(set(out.columns) - set(VERDICTS))]
+    out.insert(0, 'findings', out.sum(axis=1))
+    out.loc['all'] = out.sum()
+    if same: out['seed 0 is this run'] = pd.Series({**same, 'all': sum(same.values())}).reindex(out.index).astype('Int64')
+    out.index.name = 'experiment'
+    return out
+
 # %% ../../nbs/reproduce/91_reports.ipynb #7c33713e
 def _title(exp:Path)->str:
     "The experiment's title: the first `# heading` of its executed notebook (empty if none)."
@@ -371,6 +394,11 @@ def write_report(profile_dir:str|Path, # outputs/<profile>
     head = headline_numbers(pdir)
     if len(head): lines += ['## Headline numbers', '', 'Average accuracy (%) over the tasks, read from the tables below:', '',
                             to_markdown(head.set_index('row')), '']
+    if len(glance := findings_at_a_glance(pdir)):
+        lines += ['## Findings at a glance', '', f"**{glance.loc['all'].get('holds', 0)} of {glance.loc['all', 'findings']} of the papers' "
+                  "findings hold** on this run, by each experiment's own verdicts (its section below): beyond the spread between honest "
+                  "builds of its zoo, and beyond its seeds' noise where it has seeds. For each finding that does not, the experiment's "
+                  "notebook names the property of the paper's setting it needs, measured on this benchmark.", '', to_markdown(glance, '.0f'), '']
     dirs = {p.name for p in pdir.iterdir() if p.is_dir() and not p.name.startswith('.')}
     partial = sorted(d.removesuffix(PARTIAL) for d in dirs if d.endswith(PARTIAL))   # listed, never taken for an experiment's outputs
     if partial: lines += [f"**Partial outputs** (runs that did not finish, not complete results): {', '.join(partial)}.", '']
