@@ -33,6 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from fusion_nb.reproduce.reports import finding_label
+from fusion_nb.reproduce.runner import KERNEL_START_TIMEOUT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reproduce_time import REPO, cli, env_for, fresh_copy, run_logged
@@ -209,7 +210,7 @@ def main(argv=None)->int:
         if a.papermill:
             wall = 0.0; output.mkdir(parents=True, exist_ok=True)
             for nb in notebooks:
-                rc, _, w = run_logged([sys.executable, '-m', 'papermill', str(nb), str(output/f'{nb.stem}.ipynb'), '-k', 'python3', '--cwd', str(nb.parent),
+                rc, _, w = run_logged([sys.executable, '-m', 'papermill', '--start-timeout', str(KERNEL_START_TIMEOUT), str(nb), str(output/f'{nb.stem}.ipynb'), '-k', 'python3', '--cwd', str(nb.parent),
                                        '-p', 'profile', a.profile, '-p', 'output_dir', str(output/a.profile/nb.stem)], env, root)
                 wall += w
                 if rc: print(f"seed {s}: {nb.stem} failed ({rc})"); return rc

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 _ROBUST = """
 from fusion_nb.reproduce.profiles import load_profile
+from fusion_nb.reproduce.runner import KERNEL_START_TIMEOUT
 from fusion_nb.robust.zoo import load_zoo, profile_budget, robust_zoo, zoo_dir, zoo_specs
 from fusion_nb.robust.soups import SoupKitchen
 from fusion_nb.robust.paper_data import standin_set, to_input
@@ -115,7 +116,7 @@ def run_notebook(name:str, root:Path, profile:str)->int:
         out = scratch/('tuned' if tuned else 'plain'); out.mkdir()
         env = {**child_env(tuned, root), 'PYTHONPATH': str(root)}
         nb = root/'nbs'/'experiments'/f'{name}.ipynb'
-        cmd = [sys.executable, '-m', 'papermill', str(nb), str(out/'run.ipynb'), '-p', 'profile', profile, '-p', 'output_dir', str(out),
+        cmd = [sys.executable, '-m', 'papermill', '--start-timeout', str(KERNEL_START_TIMEOUT), str(nb), str(out/'run.ipynb'), '-p', 'profile', profile, '-p', 'output_dir', str(out),
                '-k', 'python3', '--cwd', str(nb.parent), '--no-progress-bar']
         procs[tuned] = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=(out/'stderr.txt').open('w')), time.time())
     secs = {}

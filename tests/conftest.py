@@ -4,7 +4,7 @@ The micro models are random-weight CLIPs made by `fusion_nb.tiny.clip_factory` a
 loaders a hub id goes through; the datasets have the schema of `tanganke/<task>` (`image`, `label` ClassLabel).
 The same weights are also saved the way transformers 4 saved them, to check that both layouts load alike.
 """
-import os
+import os, sys
 from pathlib import Path
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
@@ -18,6 +18,10 @@ from datasets import ClassLabel, Dataset, DatasetDict
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
+# an experiment notebook run as its users run it, waiting for the kernel as `fusion-nb reproduce` does (papermill's own 60 s
+# failed a run on 2 cores busy with the other test processes and a Ray cluster)
+from fusion_nb.reproduce.runner import KERNEL_START_TIMEOUT
+PAPERMILL = [sys.executable, '-m', 'papermill', '--start-timeout', str(KERNEL_START_TIMEOUT)]
 # task → class names; 'shapes' has greyscale images (like MNIST), 'colors' RGB ones
 MICRO_TASKS = {'shapes': ['circle', 'square', 'cross'], 'colors': ['red', 'green', 'blue', 'yellow']}
 MICRO_MODES = {'shapes': 'L', 'colors': 'RGB'}

@@ -11,6 +11,7 @@ from fusion_nb.core import FusionError, HyperparameterError, NonFiniteError, Unk
 from fusion_nb.evaluation import ZeroShotClassifier, evaluate, image_loader, task_head, zeroshot_head
 from fusion_nb.pools import PRETRAINED, ModelPool, TaskPool
 from fusion_nb.reproduce.profiles import load_profile
+from conftest import PAPERMILL
 
 @pytest.fixture(scope='module')
 def pools(micro_project):
@@ -226,7 +227,7 @@ def test_non_finite_model_is_named(pools):
 def test_individual_experiment_runs_with_papermill(micro_project, tmp_path):
     out = tmp_path/'out'
     env = {**os.environ, 'FUSION_NB_ROOT': str(micro_project)}
-    r = subprocess.run([sys.executable, '-m', 'papermill', str(micro_project/'nbs'/'experiments'/'00_individual.ipynb'),
+    r = subprocess.run([*PAPERMILL, str(micro_project/'nbs'/'experiments'/'00_individual.ipynb'),
                         str(tmp_path/'run.ipynb'), '-k', 'python3', '-p', 'profile', 'micro-test', '-p', 'output_dir', str(out)],
                        env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]

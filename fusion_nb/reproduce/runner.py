@@ -21,12 +21,13 @@ from .tracking import tracked
 import fusion_nb
 
 # %% auto #0
-__all__ = ['CPU_KERNELS', 'PORTABLE_KERNELS', 'BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT', 'experiment_title', 'Runs',
-           'why_rerun', 'foreign_files', 'check_owned', 'kernel_threads', 'cpu_kernels', 'kernel_env',
-           'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure', 'papermill_parameters',
-           'partial_dir', 'keep_partial', 'run_experiment', 'ray_module', 'computes_on_cpu', 'local_slots', 'run_local',
-           'check_ray_address', 'run_on_ray', 'run_jobs', 'check_backend', 'writable_profile_dir', 'prepare_logged',
-           'start_order', 'reproduce', 'sweep_points', 'point_name', 'merge_sweep', 'sweep']
+__all__ = ['CPU_KERNELS', 'PORTABLE_KERNELS', 'KERNEL_START_TIMEOUT', 'BACKENDS', 'RAY_CONNECT_TIMEOUT', 'RAY_JOIN_TIMEOUT',
+           'experiment_title', 'Runs', 'why_rerun', 'foreign_files', 'check_owned', 'kernel_threads', 'cpu_kernels',
+           'kernel_env', 'recorded_failures', 'experiment_paths', 'run_reason', 'record_failure',
+           'papermill_parameters', 'partial_dir', 'keep_partial', 'run_experiment', 'ray_module', 'computes_on_cpu',
+           'local_slots', 'run_local', 'check_ray_address', 'run_on_ray', 'run_jobs', 'check_backend',
+           'writable_profile_dir', 'prepare_logged', 'start_order', 'reproduce', 'sweep_points', 'point_name',
+           'merge_sweep', 'sweep']
 
 # %% ../../nbs/reproduce/92_runner.ipynb #ccf9d496
 def experiment_title(nb_path:str|Path)->str:
@@ -267,6 +268,10 @@ def _keep_finished(tmp:Path, out:Path, label:str, e:BaseException, interrupted:b
     if kept: log(f"[{label}] {record['stopped']}: what it finished is kept in {kept} (partial, not a complete run)")
 
 # %% ../../nbs/reproduce/92_runner.ipynb #407e335e
+# papermill waits 60 s for a kernel to answer; a CI run on 2 cores busy with three test processes and a Ray cluster
+# took longer (2026-12-07), and a kernel that is merely slow to start is not a failed experiment
+KERNEL_START_TIMEOUT = 600   # seconds
+
 def run_experiment(name:str, # experiment (notebook stem)
                    profile:Profile, # profile to run it for
                    output_root:str|Path|None=None, # default: <root>/outputs
@@ -305,7 +310,7 @@ def run_experiment(name:str, # experiment (notebook stem)
             try:
                 with heartbeat(label, log) if mode == 'lines' else contextlib.nullcontext(), _ctrl_c_kills(runs):
                     papermill.execute_notebook(str(nb), str(tmp/'run.ipynb'), parameters={**papermill_parameters(nb, inputs['parameters']), 'output_dir': str(tmp)},
-                                               kernel_name='python3', progress_bar=mode == 'bars',
+                                               kernel_name='python3', progress_bar=mode == 'bars', start_timeout=KERNEL_START_TIMEOUT,
                                                kernel_manager_class=_kernel_manager(kernel_err, kernels, env, str(nb.parent)))
             except BaseException as e:   # a Ctrl-C (KeyboardInterrupt) leaves no failed notebook behind: the run did not fail
                 interrupted = bool(runs.interrupted) or isinstance(e, KeyboardInterrupt) or getattr(e, 'ename', None) == 'KeyboardInterrupt'

@@ -13,6 +13,7 @@ from fusion_nb.llava.benchmarks import BENCHMARKS, check_benchmarks, load_benchm
 from fusion_nb.llava.short_answers import SHORT_ANSWER_PROMPT
 from fusion_nb.llava.uncertainty import ANSWER_PROMPT
 from fusion_nb.reproduce.profiles import load_profile
+from conftest import PAPERMILL
 
 S = lambda: Value('string')
 COLOURS = ['red', 'green', 'blue', 'white', 'black', 'yellow']
@@ -153,7 +154,7 @@ def test_experiment_40_paper_profile_fails_first_on_its_sets(tmp_path):
     import os, subprocess, sys
     from pathlib import Path
     repo = Path(__file__).resolve().parents[2]
-    args = [sys.executable, '-m', 'papermill', str(repo/'nbs'/'experiments'/'40_uq_merge.ipynb'), str(tmp_path/'run.ipynb'),
+    args = [*PAPERMILL, str(repo/'nbs'/'experiments'/'40_uq_merge.ipynb'), str(tmp_path/'run.ipynb'),
             '-k', 'python3', '-p', 'profile', 'llava-1.5-7b', '-p', 'output_dir', str(tmp_path/'out')]
     env = {**os.environ, 'FUSION_NB_ROOT': str(repo), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(repo), 'HF_DATASETS_CACHE': str(tmp_path/'empty_cache')}
     r = subprocess.run(args, env=env, capture_output=True, text=True, cwd=repo)
@@ -203,7 +204,7 @@ llava_held_out = pope=./sets/pope textvqa=./sets/textvqa
 llava_validation = realworldqa=./sets/realworldqa
 llava_passes = 2
 """)
-    args = [sys.executable, '-m', 'papermill', str(repo/'nbs'/'experiments'/'40_uq_merge.ipynb'), str(tmp_path/'run.ipynb'), '-k', 'python3',
+    args = [*PAPERMILL, str(repo/'nbs'/'experiments'/'40_uq_merge.ipynb'), str(tmp_path/'run.ipynb'), '-k', 'python3',
             '-p', 'profile', 'paper-mini', '-p', 'output_dir', str(tmp_path/'out'), '-p', 'methods', 'task_arithmetic', '-p', 'draws', '1',
             '-p', 'repeats', '1', '-y', 'perturbation_sets: ["image"]']
     env = {**os.environ, 'FUSION_NB_ROOT': str(tmp_path), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(repo)}

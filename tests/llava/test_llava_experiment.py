@@ -10,6 +10,7 @@ from fusion_nb.llava.model import load_llava
 from fusion_nb.llava.uncertainty import model_uncertainty
 from fusion_nb.llava.uq_merge import draw_selections, merge_llava
 from fusion_nb.llava.zoo import ZOO, llava_zoo, zoo_benchmark
+from conftest import PAPERMILL
 
 REPO = Path(__file__).resolve().parents[2]
 METHODS = ['dare_task_arithmetic', 'della', 'weighted_average', 'ties_merging', 'task_arithmetic', 'model_stock']
@@ -17,7 +18,7 @@ METHODS = ['dare_task_arithmetic', 'della', 'weighted_average', 'ties_merging', 
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('uq40')
-    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/'40_uq_merge.ipynb'), str(tmp/'run.ipynb'),
+    args = [*PAPERMILL, str(REPO/'nbs'/'experiments'/'40_uq_merge.ipynb'), str(tmp/'run.ipynb'),
             '-k', 'python3', '-p', 'profile', 'micro', '-p', 'output_dir', str(tmp/'out'),
             '-y', 'perturbation_sets: ["image text model", "text"]']   # Table 5: the default set and one rerun (each rerun ~10 s)
     env = {**os.environ, 'FUSION_NB_ROOT': str(REPO), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(REPO)}

@@ -17,7 +17,7 @@ from fusion_nb.masking.counterfactual_ft import (CounterfactualFT, counterfactua
 from fusion_nb.methods.interpolation import wise_ft
 from fusion_nb.tiny.finetune import pixel_values
 
-from conftest import MICRO_TEMPLATES
+from conftest import PAPERMILL, MICRO_TEMPLATES
 
 @pytest.fixture(scope='module')
 def micro(micro_project):
@@ -131,7 +131,7 @@ def _papermill(notebook, tmp_path, yaml):
     import subprocess, sys
     from conftest import REPO
     out = tmp_path/'out'
-    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/notebook), str(tmp_path/'run.ipynb'), '-k', 'python3',
+    args = [*PAPERMILL, str(REPO/'nbs'/'experiments'/notebook), str(tmp_path/'run.ipynb'), '-k', 'python3',
             '-p', 'profile', 'micro', '-p', 'output_dir', str(out), '-y', yaml]
     r = subprocess.run(args, cwd=REPO/'nbs'/'experiments', capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -15,6 +15,7 @@ from fusion_nb.masking.counterfactual_ft import evaluate_id_ood
 from fusion_nb.pools import Task
 from fusion_nb.tiny.clip_factory import make_clip_dir
 from fusion_nb.tiny.finetune import pixel_values
+from conftest import PAPERMILL
 
 TEMPLATES = ['a photo of a {}.']
 
@@ -135,7 +136,7 @@ def _run_31_with_soup(tmp_path, sources):
     from conftest import REPO
     out = tmp_path/'out'
     yaml = f"thresholds: [0.5]\nwise_alphas: [0.5]\nfinetune_seeds: [0, 1]\nsoup_ingredients: '{' '.join(sources)}'\ntable2_images: 8"
-    r = subprocess.run([sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/'31_masked_images_comparison.ipynb'), str(tmp_path/'run.ipynb'),
+    r = subprocess.run([*PAPERMILL, str(REPO/'nbs'/'experiments'/'31_masked_images_comparison.ipynb'), str(tmp_path/'run.ipynb'),
                         '-k', 'python3', '-p', 'profile', 'micro', '-p', 'output_dir', str(out), '-y', yaml],
                        cwd=REPO/'nbs'/'experiments', capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -184,7 +185,7 @@ def test_paper_profile_run_offline_names_every_missing_dataset(notebook, tmp_pat
     import os, subprocess, sys
     from conftest import REPO
     env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'HF_HOME': str(tmp_path/'hf')}
-    r = subprocess.run([sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/notebook), str(tmp_path/'run.ipynb'), '-k', 'python3',
+    r = subprocess.run([*PAPERMILL, str(REPO/'nbs'/'experiments'/notebook), str(tmp_path/'run.ipynb'), '-k', 'python3',
                         '-p', 'profile', 'clip-vit-b32-imagenet', '-p', 'output_dir', str(tmp_path/'out')],
                        cwd=REPO/'nbs'/'experiments', capture_output=True, text=True, env=env)
     assert r.returncode != 0

@@ -15,6 +15,7 @@ from fusion_nb.methods.registry import OutputWeights
 from fusion_nb.methods.we_moe import _layers
 from fusion_nb.pools import PRETRAINED, ModelPool, TaskPool
 from fusion_nb.reproduce.profiles import load_profile
+from conftest import PAPERMILL
 
 TASKS = ['shapes', 'colors']
 
@@ -144,7 +145,7 @@ def test_gap_table(pool):
 
 def test_experiment_01_reports_ens_and_gap(micro_project, tmp_path):
     out = tmp_path/'01'
-    args = [sys.executable, '-m', 'papermill', str(micro_project/'nbs'/'experiments'/'01_multi_task_merging.ipynb'), str(tmp_path/'run.ipynb'),
+    args = [*PAPERMILL, str(micro_project/'nbs'/'experiments'/'01_multi_task_merging.ipynb'), str(tmp_path/'run.ipynb'),
             '-k', 'python3', '-p', 'profile', 'micro-test', '-p', 'output_dir', str(out)]
     r = subprocess.run(args, env={**os.environ, 'FUSION_NB_ROOT': str(micro_project)}, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]

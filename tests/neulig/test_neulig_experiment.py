@@ -11,6 +11,7 @@ from fusion_nb.neulig.neulig import neulig, neulig_records
 from fusion_nb.pools import ModelPool, TaskPool, PRETRAINED
 from fusion_nb.reproduce.profiles import load_profile, prepare
 from fusion_nb.tiny.tasks import NEULIG_TASKS
+from conftest import PAPERMILL
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('neulig_experiment')
     out = tmp/'10_neulig'
-    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/'10_neulig.ipynb'), str(tmp/'run.ipynb'),
+    args = [*PAPERMILL, str(REPO/'nbs'/'experiments'/'10_neulig.ipynb'), str(tmp/'run.ipynb'),
             '-k', 'python3', '-p', 'profile', 'micro', '-p', 'output_dir', str(out)]
     r = subprocess.run(args, env={**os.environ, 'FUSION_NB_ROOT': str(REPO), 'HF_HUB_OFFLINE': '1'}, capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -6,10 +6,11 @@ import pytest, torch
 from fusion_nb.algebra import TaskVector, cosine
 from fusion_nb.reproduce.profiles import load_profile
 from fusion_nb.pools import ModelPool, PRETRAINED
+from conftest import PAPERMILL
 
 def run_nb(micro_project, tmp_path, name, *params):
     out = tmp_path/name
-    args = [sys.executable, '-m', 'papermill', str(micro_project/'nbs'/'experiments'/f'{name}.ipynb'), str(tmp_path/f'{name}.run.ipynb'),
+    args = [*PAPERMILL, str(micro_project/'nbs'/'experiments'/f'{name}.ipynb'), str(tmp_path/f'{name}.run.ipynb'),
             '-k', 'python3', '-p', 'profile', 'micro-test', '-p', 'output_dir', str(out), *params]
     r = subprocess.run(args, env={**os.environ, 'FUSION_NB_ROOT': str(micro_project)}, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -12,12 +12,13 @@ from fusion_nb.evaluation import evaluate
 from fusion_nb.methods.adamerging import layer_wise_adamerging
 from fusion_nb.methods.we_moe import weight_ensembling_moe
 from fusion_nb.methods.data import MergeData
+from conftest import PAPERMILL
 
 REPO = Path(__file__).resolve().parents[2]
 
 def run_nb(tmp_path, name, *params):
     out = tmp_path/name
-    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/f'{name}.ipynb'), str(tmp_path/f'{name}.run.ipynb'),
+    args = [*PAPERMILL, str(REPO/'nbs'/'experiments'/f'{name}.ipynb'), str(tmp_path/f'{name}.run.ipynb'),
             '-k', 'python3', '-p', 'profile', 'micro', '-p', 'output_dir', str(out), *params]
     r = subprocess.run(args, env={**os.environ, 'FUSION_NB_ROOT': str(REPO), 'HF_HUB_OFFLINE': '1'}, capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]

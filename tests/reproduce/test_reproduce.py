@@ -573,3 +573,14 @@ def test_an_unfinished_run_keeps_what_it_finished_as_partial(project):
     assert status == {'02_long': 'ok'} and '(it failed in an earlier run)' in log and not part.exists()
     assert run(project, only=['02'])[0] == {'02_long': 'skipped'}
     assert not leftovers(out)
+
+def test_a_kernel_slow_to_start_is_waited_for(project, monkeypatch):
+    "papermill's 60 s for a kernel to answer failed a CI run on 2 busy cores: the runner waits KERNEL_START_TIMEOUT instead."
+    import papermill
+    from fusion_nb.reproduce.runner import KERNEL_START_TIMEOUT
+    seen = []
+    def execute_notebook(*a, **kw): seen.append(kw.get('start_timeout')); raise RuntimeError("Kernel didn't respond")
+    monkeypatch.setattr(papermill, 'execute_notebook', execute_notebook)
+    status, log = run(project, only=['00'])
+    assert status == {'00_ok': 'failed'} and "Kernel didn't respond" in log, log
+    assert seen == [KERNEL_START_TIMEOUT] and KERNEL_START_TIMEOUT >= 300

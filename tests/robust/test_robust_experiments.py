@@ -12,12 +12,13 @@ from fusion_nb.robust.attacks import apgd
 from fusion_nb.robust.models import convnet
 from fusion_nb.robust.shifts import SHIFTS, shift_tensors, shifts_dir
 from fusion_nb.robust.zoo import load_zoo, standin, standin_attacks, zoo_dir
+from conftest import PAPERMILL
 
 REPO = Path(__file__).resolve().parents[2]
 
 def run_nb(tmp_path, name, *params):
     out = tmp_path/name
-    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/f'{name}.ipynb'), str(tmp_path/f'{name}.run.ipynb'),
+    args = [*PAPERMILL, str(REPO/'nbs'/'experiments'/f'{name}.ipynb'), str(tmp_path/f'{name}.run.ipynb'),
             '-k', 'python3', '-p', 'profile', 'micro', '-p', 'output_dir', str(out), *params]
     env = {**os.environ, 'FUSION_NB_ROOT': str(REPO), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(REPO)}
     r = subprocess.run(args, env=env, capture_output=True, text=True, cwd=REPO)
@@ -89,7 +90,7 @@ def test_paper_profile_names_the_missing_checkpoints(tmp_path, name):
     "The paper-002 profile trains nothing: offline, without the user's TorchScript files and test sets, both experiments stop at once, naming them all."
     P = load_profile('robust-soups', settings=REPO/'settings.ini')
     assert P.experiments == ['20', '21'] and P.extra['robust_simplex_attack'] == 'strong'
-    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/f'{name}.ipynb'), str(tmp_path/'run.ipynb'), '-k', 'python3',
+    args = [*PAPERMILL, str(REPO/'nbs'/'experiments'/f'{name}.ipynb'), str(tmp_path/'run.ipynb'), '-k', 'python3',
             '-p', 'profile', 'robust-soups', '-p', 'output_dir', str(tmp_path/'out'), '-p', 'device', 'cpu']
     env = {**os.environ, 'FUSION_NB_ROOT': str(REPO), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(REPO)}
     r = subprocess.run(args, env=env, capture_output=True, text=True, cwd=REPO)

@@ -17,6 +17,7 @@ from fusion_nb.robust.attacks import apgd, budget
 from fusion_nb.robust.models import convnet
 from fusion_nb.robust.paper_data import CIFAR10_CLASSES, CUE_CONFLICT_TO_IMAGENET, IMAGENET_C_CORRUPTIONS, classification_set, shift_set
 from fusion_nb.robust.zoo import zoo_specs
+from conftest import PAPERMILL
 
 REPO = Path(__file__).resolve().parents[2]
 rng = np.random.default_rng(0)
@@ -85,7 +86,7 @@ selection_sizes = 2
 
 def run(root, name, *params):
     out = root/'out'/name
-    args = [sys.executable, '-m', 'papermill', str(REPO/'nbs'/'experiments'/f'{name}.ipynb'), str(root/f'{name}.run.ipynb'), '-k', 'python3',
+    args = [*PAPERMILL, str(REPO/'nbs'/'experiments'/f'{name}.ipynb'), str(root/f'{name}.run.ipynb'), '-k', 'python3',
             '-p', 'profile', 'paper-fake', '-p', 'output_dir', str(out), *params]
     env = {**os.environ, 'FUSION_NB_ROOT': str(root), 'HF_HUB_OFFLINE': '1', 'PYTHONPATH': str(REPO)}
     r = subprocess.run(args, env=env, capture_output=True, text=True, cwd=root)
