@@ -8,7 +8,7 @@ Docs: https://fusion-nb.github.io/fusion_nb/core.html.md"""
 from __future__ import annotations
 import ast, contextlib, difflib, errno, hashlib, inspect, json, os, random, re, shutil, tempfile, threading, time, warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ __all__ = ['COMPUTE_ENV', 'DATASETS_CACHE_FILE', 'PROGRESS_MODES', 'AST_FIELDS_A
            'atomic_write', 'atomic_write_text', 'atomic_dir', 'file_hashes', 'pins_dir', 'pin_key', 'pinning',
            'build_seed', 'read_pins', 'restore_pin', 'save_pin', 'pinned_differences', 'cached_builds', 'progress_mode',
            'heartbeat', 'project_root', 'check_known_keys', 'ast_text', 'json_digest', 'parse_python', 'code_digest',
-           'tensor_digest']
+           'tensor_digest', 'RowMemo']
 
 # %% ../nbs/00_core.ipynb #947c075a
 class FusionError(Exception):
@@ -625,3 +625,19 @@ def tensor_digest(*tensors:torch.Tensor)->str:
         t = t.detach().to('cpu').contiguous()
         h.update(f'{t.dtype} {tuple(t.shape)}'.encode()); h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+# %% ../nbs/00_core.ipynb #edf38eb6
+class RowMemo:
+    "Tensors by key (a dataset's row, an image's digest), each made once and kept while the memo is under `max_bytes`."
+    def __init__(self, max_bytes:int=2**30): self.kept, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
+    def clear(self): self.kept.clear(); self.nbytes = 0
+    def rows(self, keys:Sequence[Hashable], # the rows wanted, in order (repeats allowed)
+             make:Callable[[list], Iterable[torch.Tensor]], # the keys not kept (each once) → their rows, in that order
+            )->list[torch.Tensor]:
+        "The row of each key in `keys`: kept ones read, the others made in one call of `make`."
+        todo = [k for k in dict.fromkeys(keys) if k not in self.kept]
+        made = dict(zip(todo, make(todo), strict=True)) if todo else {}
+        self.computed += len(todo)
+        for k, row in made.items():
+            if self.nbytes + row.nbytes <= self.max_bytes: self.kept[k] = row.clone(); self.nbytes += row.nbytes
+        return [made[k] if k in made else self.kept[k] for k in keys]

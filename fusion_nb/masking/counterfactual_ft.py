@@ -18,7 +18,7 @@ from torch import nn, Tensor
 from tqdm.auto import tqdm
 from transformers import CLIPModel, CLIPVisionModel, get_cosine_schedule_with_warmup
 
-from ..core import (FusionError, HyperparameterError, NonFiniteError, UnknownNameError, atomic_write, check_range, code_digest, get_device,
+from ..core import (FusionError, HyperparameterError, NonFiniteError, RowMemo, UnknownNameError, atomic_write, check_range, code_digest, get_device,
                             json_digest, seed_everything, tensor_digest)
 from ..evaluation import cached_zeroshot_head, class_groups, group_predictions
 from ..tiny.finetune import pixel_values
@@ -27,7 +27,7 @@ from .masks import MASKINGS, REFILLS, counterfactuals, counterfactual_features
 from filelock import FileLock
 
 # %% auto #0
-__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'PIXEL_MEMO_BYTES', 'SPLIT_SEED', 'FINETUNE_CACHE',
+__all__ = ['BETA', 'KD_GAMMA', 'KD_TEMPERATURE', 'FINETUNE_BUDGET', 'PIXEL_MEMO', 'SPLIT_SEED', 'FINETUNE_CACHE',
            'FINETUNE_CACHE_BYTES', 'counterfactual_loss', 'kd_loss', 'subset_predictions', 'subset_accuracy',
            'CounterfactualFT', 'finetune_budget', 'encoder_logits', 'dataset_pixels', 'dataset_logits',
            'FineTuneResult', 'finetune_counterfactual', 'dataset_digest', 'finetune_key', 'cached_finetune',
@@ -160,8 +160,8 @@ def encoder_logits(encoder:CLIPVisionModel, logits:ZeroShotLogits, pixels:Tensor
                       for i in range(0, len(pixels), batch_size)]) if len(pixels) else torch.zeros(0, logits.head.shape[0])
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #52dfad56
-PIXEL_MEMO_BYTES = 2**30   # preprocessed rows kept per process (ImageNet's 1.28 M images would not fit: past this, rows are decoded each time)
-_pixel_memo, _pixel_memo_bytes, _memo_processors = {}, [0], {}
+PIXEL_MEMO = RowMemo(max_bytes=2**30)   # preprocessed rows kept per process (ImageNet's 1.28 M images would not fit: past this, rows are decoded each time)
+_memo_processors = {}
 
 def dataset_pixels(processor, dataset, # an HF dataset with `image`
                    idx:Sequence[int]|Tensor, # rows to preprocess
@@ -171,12 +171,8 @@ def dataset_pixels(processor, dataset, # an HF dataset with `image`
     fp = getattr(dataset, '_fingerprint', None)   # an experiment fine-tunes dozens of times on the same rows: keep them
     if fp is None: return pixel_values(processor, dataset.select(idx)['image'])
     _memo_processors[id(processor)] = processor   # kept alive: its id is never another processor's
-    key = lambda i: (fp, id(processor), i)
-    todo = list(dict.fromkeys(i for i in idx if key(i) not in _pixel_memo))
-    made = dict(zip(todo, pixel_values(processor, dataset.select(todo)['image']).unbind())) if todo else {}
-    for i, px in made.items():
-        if _pixel_memo_bytes[0] + px.nbytes <= PIXEL_MEMO_BYTES: _pixel_memo[key(i)] = px.clone(); _pixel_memo_bytes[0] += px.nbytes
-    return torch.stack([made[i] if i in made else _pixel_memo[key(i)] for i in idx])
+    make = lambda todo: pixel_values(processor, dataset.select([i for _, _, i in todo])['image']).unbind()
+    return torch.stack(PIXEL_MEMO.rows([(fp, id(processor), i) for i in idx], make))
 
 # %% ../../nbs/masking/42_counterfactual_ft.ipynb #a979e5c5
 @torch.no_grad()

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.utils.data import DataLoader, Dataset
 
-from ..core import FusionError, HyperparameterError, check_range
+from ..core import FusionError, HyperparameterError, RowMemo, check_range
 from ..evaluation import ImageTransform, task_head
 
 # %% auto #0
@@ -80,14 +80,10 @@ class PreprocessedImages(Dataset):
     def __init__(self, ds, # HF dataset with `image` and `label`
                  processor, # the pretrained model's image processor
                  max_bytes:int=2**30): # what the kept rows may take (paper scale: a large split is preprocessed each time)
-        self.ds, self.transform, self.max_bytes, self.kept, self.nbytes = ds, ImageTransform(processor), max_bytes, {}, 0
+        self.ds, self.transform, self.memo = ds, ImageTransform(processor), RowMemo(max_bytes)
     def __len__(self)->int: return len(self.ds)
     def __getitems__(self, idx:list[int])->list[Tensor]:
-        todo = [i for i in dict.fromkeys(idx) if i not in self.kept]
-        made = dict(zip(todo, self.transform(self.ds[todo])['pixel_values'].unbind())) if todo else {}
-        for i, px in made.items():
-            if self.nbytes + px.nbytes <= self.max_bytes: self.kept[i] = px.clone(); self.nbytes += px.nbytes
-        return [self.kept[i] if i in self.kept else made[i] for i in idx]
+        return self.memo.rows(idx, lambda todo: self.transform(self.ds[todo])['pixel_values'].unbind())
     def __getitem__(self, i:int)->Tensor: return self.__getitems__([i])[0]
 
 # %% ../../nbs/methods/30_data.ipynb #0de4c2d3

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 if TYPE_CHECKING: from transformers import CLIPVisionConfig; from transformers.modeling_outputs import BaseModelOutputWithPooling   # imported where used: transformers' models take seconds to import
 
-from ..core import HyperparameterError, IncompatibleModelsError, tensor_digest
+from ..core import HyperparameterError, IncompatibleModelsError, RowMemo, tensor_digest
 from ..methods.registry import MergedStateDict, check_models, check_pool, read_tensor
 
 # %% auto #0
@@ -112,25 +112,16 @@ def _autocast_state(device:torch.device)->str:
     return str(torch.get_autocast_dtype(device.type)) if torch.is_autocast_enabled(device.type) else 'off'
 
 # %% ../../nbs/neulig/70_portland.ipynb #12d0e931
-class FrozenMemo:
+class FrozenMemo(RowMemo):
     "Per-image memo of frozen encoders' outputs: `what` (weights, head, …) and an image's bytes → its output row."
-    def __init__(self, max_bytes:int=2**30): self.rows, self.max_bytes, self.nbytes, self.computed = {}, max_bytes, 0, 0
-    def clear(self): self.rows.clear(); self.nbytes = 0
     def __call__(self, what:tuple, # what the outputs depend on besides the image
                  pixel_values:Tensor, # (batch, …) images
                  compute:Callable[[Tensor], Tensor], # images → outputs with the batch along `dim`
                  dim:int=0)->Tensor:
         "`compute(pixel_values)`, the rows of images memoised under `what` read instead of computed."
         keys = [(what, tensor_digest(x)) for x in pixel_values]
-        todo = list(dict.fromkeys(k for k in keys if k not in self.rows))
-        fresh = {}
-        if todo:
-            first = {k: i for i, k in reversed(list(enumerate(keys)))}
-            out = compute(pixel_values[[first[k] for k in todo]]); self.computed += len(todo)
-            for k, row in zip(todo, out.unbind(dim)):
-                fresh[k] = row
-                if self.nbytes + row.nbytes <= self.max_bytes: self.rows[k] = row.clone(); self.nbytes += row.nbytes
-        return torch.stack([fresh[k] if k in fresh else self.rows[k] for k in keys], dim)
+        first = {k: i for i, k in reversed(list(enumerate(keys)))}   # an image the batch repeats is computed once
+        return torch.stack(self.rows(keys, lambda todo: compute(pixel_values[[first[k] for k in todo]]).unbind(dim)), dim)
 
 FROZEN = FrozenMemo()   # the process's memo: NeuLigModel.features and expert_logits
 
