@@ -398,7 +398,7 @@ def write_report(profile_dir:str|Path, # outputs/<profile>
         lines += ['## Findings at a glance', '', f"**{glance.loc['all'].get('holds', 0)} of {glance.loc['all', 'findings']} of the papers' "
                   "findings hold** on this run, by each experiment's own verdicts (its section below): beyond the spread between honest "
                   "builds of its zoo, and beyond its seeds' noise where it has seeds. For each finding that does not, the experiment's "
-                  "notebook names the property of the paper's setting it needs, measured on this benchmark.", '', to_markdown(glance, '.0f'), '']
+                  "notebook names the property of the paper's setting it needs, measured on the tiny benchmark.", '', to_markdown(glance, '.0f'), '']
     dirs = {p.name for p in pdir.iterdir() if p.is_dir() and not p.name.startswith('.')}
     partial = sorted(d.removesuffix(PARTIAL) for d in dirs if d.endswith(PARTIAL))   # listed, never taken for an experiment's outputs
     if partial: lines += [f"**Partial outputs** (runs that did not finish, not complete results): {', '.join(partial)}.", '']
