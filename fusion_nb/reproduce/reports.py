@@ -348,7 +348,9 @@ def findings_at_a_glance(profile_dir:str|Path, # outputs/<profile>
     out = out[[v for v in VERDICTS if v in out.columns] + sorted(set(out.columns) - set(VERDICTS))]
     out.insert(0, 'findings', out.sum(axis=1))
     out.loc['all'] = out.sum()
-    if same: out['seed 0 is this run'] = pd.Series({**same, 'all': sum(same.values())}).reindex(out.index).astype('Int64')
+    if same:   # the total only where every experiment says: a partial sum beside every finding would read as rows that differ
+        total = sum(same.values()) if len(same) == len(counts) else None
+        out['seed 0 is this run'] = pd.Series({**same, 'all': total}).reindex(out.index).astype('Int64')
     out.index.name = 'experiment'
     return out
 
